@@ -1,0 +1,26 @@
+# The two commands a newcomer types: `make loop` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build of PyTorch; on a GPU machine use e.g. `make loop TORCH=torch`.
+TORCH ?= torch==2.13.0
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: install loop test clean-state
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+loop: install  ## run the whole loop: base model, then iterations it1..it3
+	dvc repro
+
+test: install  ## the test suite (unit, in-process pipeline, real dvc repro on a tiny config)
+	$(PY) -m pytest
+
+clean-state:  ## remove generated state (data, MLflow store); DVC's cache stays
+	rm -rf data/it* data/task mlflow.db mlruns mlartifacts

@@ -1,0 +1,104 @@
+"""Stage `evaluate`: how good the iteration's model is, and how good its self-judge was.
+
+Two protocols on the model after the iteration: `accuracy` (greedy) and `maj_accuracy` (maj@k)
+on the held-out set, disjoint from every training prompt (generalisation), and `ttt_accuracy`
+(greedy) on the test-time set, whose prompts, never answers, the loop may train on (the
+protocol of TTRL). For the iteration's own samples: reward, judge quality, pairs, training.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+
+import pandas as pd
+
+from .lib import artifacts as art
+from .lib.cli import derive_seed, run_stage
+from .lib.config import EvaluateConfig, Params
+from .lib.generation import SamplingSpec, generate
+from .lib.judges import judge_quality
+from .lib.models import load_model, set_threads
+from .lib.tasks import extract_answer, verify
+
+
+def plurality(preds: list[str | None]) -> str | None:
+    """The most common answer; ties go to the answer seen first."""
+    counts = Counter(p for p in preds if p is not None)
+    if not counts:
+        return None
+    best = max(counts.values())
+    return next(p for p in preds if p is not None and counts[p] == best)
+
+
+def accuracy(preds: list[str | None], answers: list[str]) -> float:
+    return float(sum(verify(p, a) for p, a in zip(preds, answers, strict=True)) / max(1, len(answers)))
+
+
+def model_metrics(model, tokenizer, heldout: pd.DataFrame, ttt: pd.DataFrame, cfg: EvaluateConfig,
+                  max_new_tokens: int, seed: int, progress: bool = True) -> dict[str, float]:
+    greedy = SamplingSpec(n=1, greedy=True, max_new_tokens=max_new_tokens, batch_size=cfg.batch_size)
+    sampled = SamplingSpec(n=cfg.k, temperature=cfg.temperature, max_new_tokens=max_new_tokens,
+                           batch_size=cfg.batch_size)
+    out = {}
+    for name, df in (("accuracy", heldout), ("ttt_accuracy", ttt)):
+        res = generate(model, tokenizer, list(df["prompt"]), greedy, seed, desc=name, progress=progress)
+        out[name] = accuracy([extract_answer(r[0]) for r in res], list(df["answer"]))
+    res = generate(model, tokenizer, list(heldout["prompt"]), sampled, seed, desc="maj@k", progress=progress)
+    out["maj_accuracy"] = accuracy([plurality([extract_answer(x) for x in r]) for r in res], list(heldout["answer"]))
+    return out
+
+
+def iteration_metrics(judgments: pd.DataFrame, pairs: pd.DataFrame, sft: pd.DataFrame, train: dict) -> dict:
+    q = judge_quality(judgments)
+    correct = judgments["correct"].dropna().astype(float)
+    return {
+        **{k: v for k, v in q.items() if v is not None},
+        "sample_accuracy": float(correct.mean()) if len(correct) else None,
+        "num_prompts": int(judgments["prompt_id"].nunique()),
+        "num_samples": int(len(judgments)),
+        "num_pairs": int(len(pairs)),
+        "num_sft": int(len(sft)),
+        **{k: v for k, v in train.items() if isinstance(v, (int, float))},
+    }
+
+
+def _args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--iteration", required=True)
+    p.add_argument("--model", required=True, help="in: the model to evaluate")
+    p.add_argument("--heldout", required=True)
+    p.add_argument("--ttt", required=True)
+    p.add_argument("--train-metrics", required=True, help="in: training metrics of this model")
+    p.add_argument("--judgments", help="in: the iteration's judgments (not for it0)")
+    p.add_argument("--pairs", help="in: the iteration's pairs (not for it0)")
+    p.add_argument("--sft", help="in: the iteration's best samples (not for it0)")
+    p.add_argument("--out", required=True, help="out: metrics.json")
+
+
+def main(argv: list[str] | None = None) -> None:
+    def body(args: argparse.Namespace, params: Params) -> None:
+        step = params.iteration_index(args.iteration)
+        set_threads()
+        model, tokenizer = load_model(args.model)
+        heldout = art.read_table(args.heldout, art.PROMPTS)
+        ttt = art.read_table(args.ttt, art.PROMPTS)
+        metrics = {"iteration": args.iteration, "step": step}
+        metrics.update(model_metrics(model, tokenizer, heldout, ttt, params.evaluate,
+                                     params.sample.max_new_tokens, derive_seed(params.seed, "evaluate")))
+        train = art.read_json(args.train_metrics)
+        if args.judgments:
+            metrics.update(iteration_metrics(
+                art.read_table(args.judgments, art.JUDGMENTS),
+                art.read_table(args.pairs, art.PAIRS),
+                art.read_table(args.sft, art.SFT),
+                train,
+            ))
+        else:
+            metrics.update({k: v for k, v in train.items() if isinstance(v, (int, float))})
+        art.write_json({k: v for k, v in metrics.items() if v is not None}, args.out)
+
+    run_stage("evaluate", _args, body, argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""Artifact I/O: atomic writes, record schemas, provenance.
+
+Every output is written to a temporary sibling and renamed into place, so a crash never leaves a
+half-written file at an output path. Parquet is written without timestamps, so the same inputs and
+seed give byte-identical files (and DVC sees nothing downstream as stale after a rerun).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterator
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .errors import ArtifactError
+
+# Record schemas between stages. Scores are nullable: a missing judgment is null, never 0.
+PROMPTS = pa.schema(
+    [
+        ("iteration", pa.string()),
+        ("prompt_id", pa.string()),
+        ("group_id", pa.string()),  # problems that share an answer (rewrites) share a group
+        ("variant", pa.int32()),  # 0 = the problem as posed, 1.. = equivalent rewrites
+        ("source", pa.string()),  # ttt | fresh | evolved
+        ("category", pa.string()),
+        ("prompt", pa.string()),
+        ("answer", pa.string()),  # ground truth, read only by the verifier and for measurement
+    ]
+)
+SAMPLES = pa.schema(
+    list(PROMPTS)
+    + [
+        ("sample_id", pa.string()),
+        ("response", pa.string()),
+        ("pred", pa.string()),  # normalised final answer, null when none could be extracted
+    ]
+)
+JUDGMENTS = pa.schema(
+    list(SAMPLES)
+    + [
+        ("reward", pa.float64()),  # the configured judge's score, null when it has no verdict
+        ("correct", pa.float64()),  # verifier's score, for measurement only; null without answer
+        ("label", pa.string()),  # the judge's pseudo-label for the group, when it has one
+    ]
+)
+PAIRS = pa.schema(
+    [
+        ("iteration", pa.string()),
+        ("prompt_id", pa.string()),
+        ("prompt", pa.string()),
+        ("chosen", pa.string()),
+        ("rejected", pa.string()),
+        ("chosen_reward", pa.float64()),
+        ("rejected_reward", pa.float64()),
+        ("chosen_correct", pa.float64()),
+        ("rejected_correct", pa.float64()),
+    ]
+)
+SFT = pa.schema(
+    [
+        ("iteration", pa.string()),
+        ("prompt_id", pa.string()),
+        ("prompt", pa.string()),
+        ("response", pa.string()),
+        ("reward", pa.float64()),
+        ("correct", pa.float64()),
+    ]
+)
+
+
+PROVENANCE_KEY = "self_improve.provenance"
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path, is_dir: bool = False) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; on success rename it into place, else remove it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    target = tmp if is_dir else tmp / path.name
+    try:
+        yield target
+        if path.is_dir() and not path.is_symlink():
+            old = path.with_name(f".{path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+            os.replace(target, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(target, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_table(
+    df: pd.DataFrame, path: str | Path, schema: pa.Schema, prov: dict | None = None
+) -> None:
+    """Write `df` with `schema` atomically; `prov` goes into the file's metadata."""
+    missing = [f.name for f in schema if f.name not in df.columns]
+    if missing:
+        raise ArtifactError(f"{path}: internal error, columns {missing} missing before write")
+    table = pa.Table.from_pandas(df[schema.names], schema=schema, preserve_index=False)
+    meta = {PROVENANCE_KEY: json.dumps(prov, sort_keys=True)} if prov else None
+    table = table.replace_schema_metadata(meta)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, compression="zstd")
+
+
+def read_table(path: str | Path, schema: pa.Schema) -> pd.DataFrame:
+    path = Path(path)
+    if not path.is_file():
+        raise ArtifactError(f"{path}: file not found")
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise ArtifactError(f"{path}: not a readable parquet file ({err})") from None
+    missing = [n for n in schema.names if n not in table.column_names]
+    if missing:
+        raise ArtifactError(f"{path}: missing columns {missing}")
+    try:
+        table = table.select(schema.names).cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
+        raise ArtifactError(f"{path}: wrong column types ({err})") from None
+    return table.to_pandas()
+
+
+def read_provenance(path: str | Path) -> dict | None:
+    meta = pq.read_schema(path).metadata or {}
+    raw = meta.get(PROVENANCE_KEY.encode())
+    return json.loads(raw) if raw else None
+
+
+def empty_table(schema: pa.Schema) -> pd.DataFrame:
+    return schema.empty_table().to_pandas()
+
+
+def write_json(obj: Any, path: str | Path) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def read_json(path: str | Path) -> Any:
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ArtifactError(f"{path}: file not found") from None
+    except json.JSONDecodeError as err:
+        raise ArtifactError(f"{path}: not valid JSON ({err})") from None
+
+
+def git_sha() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def _versions() -> dict[str, str]:
+    names = ["torch", "transformers", "peft", "pandas", "pyarrow", "tokenizers", "dvc", "mlflow"]
+    found = {}
+    for name in names:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            found[name] = metadata.version(name)
+    found["python"] = sys.version.split()[0]
+    return found
+
+
+def provenance(stage: str, iteration: str, params: dict[str, Any], outputs: list[str]) -> dict:
+    """What produced an output: stage, resolved params, git sha, package versions.
+
+    No timestamps: a rerun of the same commit with the same seed gives identical bytes.
+    """
+    return {
+        "stage": stage,
+        "iteration": iteration,
+        "params": params,
+        "git_sha": git_sha(),
+        "versions": _versions(),
+        "outputs": outputs,
+    }

@@ -1,0 +1,249 @@
+"""Typed, validated params.yaml.
+
+One frozen pydantic model per section. Unknown keys are refused by name, closed choices are
+enums, and every stage validates the whole file before it writes anything, so a typo anywhere
+stops the loop at once with one line naming the key.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import ConfigError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, use_enum_values=False)
+
+
+class TaskName(str, enum.Enum):
+    arithmetic = "arithmetic"
+
+
+class TaskConfig(_Section):
+    """The procedural, verifiable task and its two evaluation sets."""
+
+    name: TaskName = TaskName.arithmetic
+    min_operand: int = Field(10, ge=0)
+    max_operand: int = Field(99, ge=1)
+    heldout_size: int = Field(500, ge=1, description="held-out problems, disjoint from all training")
+    ttt_size: int = Field(1000, ge=1, description="test-time problems: prompts trainable, answers measured")
+
+    @model_validator(mode="after")
+    def _range(self) -> "TaskConfig":
+        if self.max_operand <= self.min_operand:
+            raise ValueError("max_operand must be greater than min_operand")
+        return self
+
+
+class ModelShape(_Section):
+    """Shape of the tiny Llama-architecture default model."""
+
+    hidden_size: int = Field(128, ge=8)
+    num_layers: int = Field(4, ge=1)
+    num_heads: int = Field(4, ge=1)
+    intermediate_size: int = Field(256, ge=8)
+
+    @model_validator(mode="after")
+    def _heads(self) -> "ModelShape":
+        if self.hidden_size % self.num_heads:
+            raise ValueError("hidden_size must be divisible by num_heads")
+        return self
+
+
+class PrepareConfig(_Section):
+    """Supervised warm-up of the base model (iteration 0)."""
+
+    model: ModelShape = ModelShape()
+    train_size: int = Field(3000, ge=1, description="SFT problems for the base model")
+    steps: int = Field(265, ge=1)
+    batch_size: int = Field(64, ge=1)
+    lr: float = Field(3e-3, gt=0)
+    warmup_steps: int = Field(50, ge=0)
+    min_lr_ratio: float = Field(0.5, ge=0, le=1, description="cosine floor; >0 keeps the base trainable")
+
+
+class EvolveStrategy(str, enum.Enum):
+    fixed = "fixed"
+    eva = "eva"
+
+
+class EvolveConfig(_Section):
+    """Which prompts an iteration works on."""
+
+    strategy: EvolveStrategy = EvolveStrategy.eva
+    include_ttt: bool = Field(True, description="work on the test-time problems (answers unseen)")
+    fresh: int = Field(200, ge=0, description="new procedural problems per iteration")
+    keep_top: int = Field(100, ge=0, description="most informative previous problems, mutated")
+    rewrites: int = Field(3, ge=0, description="equivalent rewrites of each problem (co_reward)")
+
+
+class SampleConfig(_Section):
+    k: int = Field(4, ge=1, description="responses per prompt")
+    temperature: float = Field(0.7, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(6, ge=1)
+    batch_size: int = Field(1024, ge=1, description="sequences per generate() call")
+
+
+class JudgeMethod(str, enum.Enum):
+    majority_vote = "majority_vote"
+    co_reward = "co_reward"
+    verifier = "verifier"
+
+
+class JudgeConfig(_Section):
+    method: JudgeMethod = JudgeMethod.co_reward
+    min_share: float = Field(
+        0.2, ge=0, le=1, description="a vote label needs at least this share of the votes, else null"
+    )
+
+
+class PairsConfig(_Section):
+    min_margin: float = Field(0.0, ge=0, description="drop pairs whose reward margin is not above this")
+    sft_min_reward: float = Field(1.0, description="RAFT keeps best samples with at least this reward")
+
+
+class Algorithm(str, enum.Enum):
+    raft = "raft"
+    dpo = "dpo"
+
+
+class LoraConfig(_Section):
+    enabled: bool = True
+    r: int = Field(16, ge=1)
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.0, ge=0, lt=1)
+
+
+class TrainConfig(_Section):
+    algorithm: Algorithm = Algorithm.raft
+    lora: LoraConfig = LoraConfig()
+    lr: float = Field(1e-3, gt=0)
+    epochs: int = Field(4, ge=1)
+    batch_size: int = Field(64, ge=1)
+    beta: float = Field(0.1, gt=0, description="DPO temperature")
+    nll_weight: float = Field(1.0, ge=0, description="DPO: weight of the NLL term on the chosen answer")
+    max_grad_norm: float = Field(1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _reference(self) -> "TrainConfig":
+        if self.algorithm == Algorithm.dpo and not self.lora.enabled:
+            raise ValueError("dpo needs lora.enabled: its reference is the model with the adapter off")
+        return self
+
+
+class EvaluateConfig(_Section):
+    k: int = Field(8, ge=1, description="samples per problem for maj@k")
+    temperature: float = Field(0.7, gt=0)
+    batch_size: int = Field(1024, ge=1)
+
+
+class TrackingConfig(_Section):
+    enabled: bool = True
+    experiment: str = Field("self-improve", min_length=1)
+
+
+class IterationLink(_Section):
+    prev: str
+
+    @field_validator("prev")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _IT.fullmatch(v):
+            raise ValueError(f"iteration names look like it0, it1, ...; got {v!r}")
+        return v
+
+
+_IT = re.compile(r"it(\d+)")
+
+
+class Params(_Section):
+    seed: int = Field(0, ge=0)
+    task: TaskConfig = TaskConfig()
+    prepare: PrepareConfig = PrepareConfig()
+    evolve: EvolveConfig = EvolveConfig()
+    sample: SampleConfig = SampleConfig()
+    judge: JudgeConfig = JudgeConfig()
+    pairs: PairsConfig = PairsConfig()
+    train: TrainConfig = TrainConfig()
+    evaluate: EvaluateConfig = EvaluateConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    loop: dict[str, IterationLink]
+
+    @model_validator(mode="after")
+    def _chain(self) -> "Params":
+        if not self.loop:
+            raise ValueError("loop: at least one iteration is needed")
+        seen = {"it0"}
+        for name, link in self.loop.items():
+            if not _IT.fullmatch(name) or name == "it0":
+                raise ValueError(f"loop.{name}: iteration names are it1, it2, ... (it0 is the base model)")
+            if link.prev not in seen:
+                raise ValueError(f"loop.{name}.prev: {link.prev!r} is not it0 or an earlier iteration")
+            if int(name[2:]) != int(link.prev[2:]) + 1:
+                raise ValueError(f"loop.{name}.prev: expected it{int(name[2:]) - 1}, got {link.prev}")
+            seen.add(name)
+        return self
+
+    def iteration_index(self, name: str) -> int:
+        if name != "it0" and name not in self.loop:
+            raise ConfigError(f"unknown iteration {name!r}; params.yaml loop has {list(self.loop)}")
+        return int(name[2:])
+
+
+def _describe(err: ValidationError, source: str) -> str:
+    first = err.errors()[0]
+    key = ".".join(str(p) for p in first["loc"]) or "<root>"
+    kind = first["type"]
+    if kind == "extra_forbidden":
+        msg = "unknown key"
+    elif kind == "missing":
+        msg = "missing key"
+    else:
+        msg = first["msg"]
+        if "input" in first and kind not in ("model_type", "dict_type"):
+            msg += f" (got {first['input']!r})"
+    more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+    return f"{source}: {key}: {msg}{more}"
+
+
+def parse_params(raw: Any, source: str = "params.yaml") -> Params:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping of sections, got {type(raw).__name__}")
+    try:
+        return Params.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_describe(err, source)) from None
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}".replace("\n", " ")) from None
+    return parse_params(raw, str(path))
+
+
+def flatten(params: Params) -> dict[str, Any]:
+    """params as dotted keys, e.g. {'train.lora.r': 16}, for MLflow and provenance."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        else:
+            out[prefix] = value
+
+    walk("", params.model_dump(mode="json"))
+    return out

@@ -1,0 +1,142 @@
+"""Verifiable procedural tasks: problems, prompts, answers, rewrites, mutations.
+
+The default task is two-digit addition, posed as ``"23+45="`` with the answer ``"68"``. A
+problem has equivalent rewrites with the same answer (``45+23``, ``(23+d)+(45-d)``); the
+co_reward judge uses their agreement. Ground truth is used only by the verifier and to measure.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+from .config import TaskConfig
+
+_ANSWER = re.compile(r"^\s*(-?\d+)")
+_PROMPT = re.compile(r"^(\d+)\+(\d+)=$")
+
+
+def extract_answer(response: str | None) -> str | None:
+    """The normalised final answer of a response (leading integer), or None if there is none."""
+    if response is None:
+        return None
+    m = _ANSWER.match(response)
+    if not m:
+        return None
+    return str(int(m.group(1)))
+
+
+def verify(pred: str | None, answer: str | None) -> float | None:
+    """1.0 if the prediction equals the ground truth, 0.0 if not, None without ground truth."""
+    if answer is None:
+        return None
+    return 1.0 if pred is not None and pred == extract_answer(answer) else 0.0
+
+
+@dataclass(frozen=True, order=True)
+class Problem:
+    a: int
+    b: int
+
+    @property
+    def prompt(self) -> str:
+        return f"{self.a}+{self.b}="
+
+    @property
+    def answer(self) -> str:
+        return str(self.a + self.b)
+
+    @property
+    def category(self) -> str:
+        return "carry" if (self.a % 10 + self.b % 10) >= 10 else "no_carry"
+
+    @property
+    def unordered(self) -> tuple[int, int]:
+        return (min(self.a, self.b), max(self.a, self.b))
+
+
+class ArithmeticTask:
+    """Two-operand addition over [min_operand, max_operand]."""
+
+    def __init__(self, cfg: TaskConfig):
+        self.lo, self.hi = cfg.min_operand, cfg.max_operand
+        self.cfg = cfg
+
+    def in_range(self, x: int) -> bool:
+        return self.lo <= x <= self.hi
+
+    def all_problems(self) -> list[Problem]:
+        return [Problem(a, b) for a in range(self.lo, self.hi + 1) for b in range(self.lo, self.hi + 1)]
+
+    def parse(self, prompt: str) -> Problem:
+        m = _PROMPT.match(prompt)
+        if not m:
+            raise ValueError(f"not an arithmetic prompt: {prompt!r}")
+        return Problem(int(m.group(1)), int(m.group(2)))
+
+    def split(self, seed: int, train_size: int) -> tuple[list[Problem], list[Problem], list[Problem]]:
+        """Held-out, test-time and base-training problems.
+
+        Held-out problems are drawn as unordered pairs, so neither ``a+b`` nor ``b+a`` of a
+        held-out problem is ever a training prompt. Test-time problems are unseen by the base
+        model but the loop may train on their prompts.
+        """
+        rng = random.Random(seed)
+        pairs = sorted({p.unordered for p in self.all_problems()})
+        rng.shuffle(pairs)
+        need_heldout = self.cfg.heldout_size
+        heldout: list[Problem] = []
+        i = 0
+        while len(heldout) < need_heldout and i < len(pairs):
+            a, b = pairs[i]
+            heldout.append(Problem(a, b))
+            if a != b and len(heldout) < need_heldout:
+                heldout.append(Problem(b, a))
+            i += 1
+        rest = [Problem(a, b) for a, b in pairs[i:]] + [Problem(b, a) for a, b in pairs[i:] if a != b]
+        rest.sort()
+        rng.shuffle(rest)
+        need = self.cfg.ttt_size + train_size
+        if len(heldout) < need_heldout or len(rest) < need:
+            raise ValueError(
+                f"task: operand range {self.lo}..{self.hi} has {len(self.all_problems())} problems, "
+                f"too few for heldout_size + ttt_size + prepare.train_size"
+            )
+        ttt = rest[: self.cfg.ttt_size]
+        train = rest[self.cfg.ttt_size : need]
+        return heldout, ttt, train
+
+    def rewrites(self, p: Problem, n: int, rng: random.Random, forbidden: set[tuple[int, int]]) -> list[Problem]:
+        """Up to `n` distinct problems with the same answer: ``b+a``, then ``(a+d)+(b-d)``."""
+        out: list[Problem] = []
+        seen = {p}
+
+        def add(q: Problem) -> None:
+            if q not in seen and q.unordered not in forbidden and self.in_range(q.a) and self.in_range(q.b):
+                seen.add(q)
+                out.append(q)
+
+        add(Problem(p.b, p.a))
+        shifts = [d for d in range(-(self.hi - self.lo), self.hi - self.lo + 1) if d]
+        rng.shuffle(shifts)
+        for d in shifts:
+            if len(out) >= n:
+                break
+            add(Problem(p.a + d, p.b - d))
+        return out[:n]
+
+    def mutate(self, p: Problem, rng: random.Random, forbidden: set[tuple[int, int]]) -> Problem | None:
+        """A nearby problem: one operand nudged, keeping its carry structure when possible."""
+        for _ in range(20):
+            which = rng.randrange(2)
+            delta = rng.choice([-10, -1, 1, 10])
+            a, b = (p.a + delta, p.b) if which == 0 else (p.a, p.b + delta)
+            q = Problem(a, b)
+            if self.in_range(a) and self.in_range(b) and q.unordered not in forbidden:
+                return q
+        return None
+
+
+def make_task(cfg: TaskConfig) -> ArithmeticTask:
+    return ArithmeticTask(cfg)

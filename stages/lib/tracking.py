@@ -1,0 +1,69 @@
+"""MLflow, as an observer only: one parent run per loop, one child run per iteration.
+
+Stages never depend on it: with `tracking.enabled: false` (or SELF_IMPROVE_TRACKING=0) every
+stage runs the same and `NoOpTracker` swallows the calls. The store defaults to the SQLite file
+`mlflow.db` at the repo root; MLFLOW_TRACKING_URI overrides it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+from .config import TrackingConfig
+
+log = logging.getLogger(__name__)
+DEFAULT_URI = "sqlite:///mlflow.db"
+
+
+class Tracker(Protocol):
+    def log_loop(
+        self,
+        name: str,
+        params: dict[str, Any],
+        iterations: list[dict[str, Any]],
+        artifacts: list[Path],
+        tags: dict[str, str],
+    ) -> str | None: ...
+
+
+class NoOpTracker:
+    def log_loop(self, name, params, iterations, artifacts, tags) -> None:
+        return None
+
+
+class MlflowTracker:
+    def __init__(self, experiment: str, uri: str | None = None):
+        self.experiment = experiment
+        self.uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+
+    def log_loop(self, name, params, iterations, artifacts, tags) -> str:
+        """Log the loop; each iteration dict has `iteration`, `step` and numeric metrics."""
+        import mlflow
+
+        mlflow.set_tracking_uri(self.uri)
+        mlflow.set_experiment(self.experiment)
+        with mlflow.start_run(run_name=name, tags=tags) as parent:
+            mlflow.log_params({k: str(v) for k, v in params.items()})
+            for it in iterations:
+                metrics = {k: float(v) for k, v in it.items()
+                           if isinstance(v, (int, float)) and v == v and k != "step"}
+                mlflow.log_metrics(metrics, step=int(it["step"]))
+                with mlflow.start_run(run_name=f"{name}/{it['iteration']}", nested=True,
+                                      tags={**tags, "iteration": it["iteration"]}):
+                    mlflow.log_params({"iteration": it["iteration"], "step": it["step"]})
+                    mlflow.log_metrics(metrics, step=int(it["step"]))
+            for path in artifacts:
+                if path.is_dir():
+                    mlflow.log_artifacts(str(path), artifact_path=path.name)
+                elif path.is_file():
+                    mlflow.log_artifact(str(path))
+            return parent.info.run_id
+
+
+def make_tracker(cfg: TrackingConfig) -> Tracker:
+    if not cfg.enabled or os.environ.get("SELF_IMPROVE_TRACKING", "1").lower() in ("0", "false", "off"):
+        return NoOpTracker()
+    return MlflowTracker(cfg.experiment)

@@ -1,0 +1,56 @@
+"""Stage `sample`: k responses per prompt from the iteration's starting model.
+
+Batched `transformers` generation (length-sorted, left-padded, KV cache), temperature and top-p
+from params, seeded per iteration.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pandas as pd
+
+from .lib import artifacts as art
+from .lib.cli import derive_seed, run_stage, stage_provenance
+from .lib.config import Params, SampleConfig
+from .lib.generation import SamplingSpec, generate
+from .lib.models import load_model, set_threads
+from .lib.tasks import extract_answer
+
+
+def sample(model, tokenizer, prompts: pd.DataFrame, cfg: SampleConfig, seed: int, progress: bool = True) -> pd.DataFrame:
+    spec = SamplingSpec(
+        n=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p,
+        max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
+    )
+    responses = generate(model, tokenizer, list(prompts["prompt"]), spec, seed, desc="sample", progress=progress)
+    rows = prompts.loc[prompts.index.repeat(cfg.k)].reset_index(drop=True)
+    flat = [r for rs in responses for r in rs]
+    rows["sample_id"] = [f"{pid}/s{j}" for pid in prompts["prompt_id"] for j in range(cfg.k)]
+    rows["response"] = flat
+    rows["pred"] = [extract_answer(r) for r in flat]
+    return rows
+
+
+def _args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--iteration", required=True)
+    p.add_argument("--prompts", required=True, help="in: this iteration's prompts")
+    p.add_argument("--model", required=True, help="in: the iteration's starting model")
+    p.add_argument("--out", required=True, help="out: samples (parquet)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    def body(args: argparse.Namespace, params: Params) -> None:
+        params.iteration_index(args.iteration)
+        set_threads()
+        prompts = art.read_table(args.prompts, art.PROMPTS)
+        model, tokenizer = load_model(args.model)
+        df = sample(model, tokenizer, prompts, params.sample, derive_seed(params.seed, "sample", args.iteration))
+        prov = stage_provenance("sample", args.iteration, params, ("seed", "sample"), [args.out])
+        art.write_table(df, args.out, art.SAMPLES, prov)
+
+    run_stage("sample", _args, body, argv)
+
+
+if __name__ == "__main__":
+    main()
