@@ -1,0 +1,51 @@
+"""Shared fixtures: a tiny config that runs the whole loop in seconds."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TINY = {
+    "seed": 0,
+    "task": {"min_operand": 10, "max_operand": 99, "heldout_size": 30, "ttt_size": 30},
+    "prepare": {
+        "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
+        "train_size": 200, "steps": 30, "batch_size": 32, "warmup_steps": 5,
+    },
+    "evolve": {"fresh": 6, "keep_top": 4, "rewrites": 2},
+    "sample": {"k": 2, "max_new_tokens": 4, "batch_size": 256},
+    "judge": {"method": "co_reward"},
+    "train": {"epochs": 1, "batch_size": 32},
+    "evaluate": {"k": 2, "batch_size": 256},
+    "tracking": {"enabled": False},
+    "loop": {"it1": {"prev": "it0"}, "it2": {"prev": "it1"}, "it3": {"prev": "it2"}},
+}
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def tiny_full() -> dict:
+    """The repo's params.yaml with the tiny overrides: every section DVC expects is present."""
+    return deep_merge(yaml.safe_load((ROOT / "params.yaml").read_text()), TINY)
+
+
+@pytest.fixture
+def tiny_raw() -> dict:
+    return copy.deepcopy(TINY)
+
+
+@pytest.fixture
+def tiny_params_file(tmp_path, tiny_raw) -> Path:
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(tiny_raw))
+    return path

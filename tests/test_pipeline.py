@@ -1,0 +1,91 @@
+"""The whole loop in-process on a tiny config: every stage's main() with the paths dvc.yaml gives."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stages import evaluate, evolve, judge, pairs, prepare, report, sample, train
+from stages.lib import artifacts as art
+
+from .conftest import ROOT
+
+MODULES = {m.__name__.split(".")[-1]: m for m in (prepare, evolve, sample, judge, pairs, train, evaluate, report)}
+
+
+def stage_commands() -> list[list[str]]:
+    """The stage commands of dvc.yaml, in DAG order, with `foreach` unrolled."""
+    spec = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    loop = yaml.safe_load((ROOT / "params.yaml").read_text())["loop"]
+    cmds = [spec["prepare"]["cmd"], spec["evaluate_base"]["cmd"]]
+    for key, item in loop.items():
+        for name in ("evolve", "sample", "judge", "pairs", "train", "evaluate"):
+            cmds.append(spec[name]["do"]["cmd"].replace("${key}", key).replace("${item.prev}", item["prev"]))
+    cmds.append(spec["report"]["cmd"])
+    return [shlex.split(c) for c in cmds]
+
+
+def run_all(workdir: Path, params: Path, monkeypatch) -> None:
+    monkeypatch.chdir(workdir)
+    for cmd in stage_commands():
+        assert cmd[:2] == ["python", "-m"]
+        MODULES[cmd[2].split(".")[1]].main(cmd[3:] + ["--params", str(params)])
+
+
+def test_whole_loop_in_process(tmp_path, tiny_params_file, monkeypatch, capsys):
+    run_all(tmp_path, tiny_params_file, monkeypatch)
+    for it in ("it0", "it1", "it2", "it3"):
+        m = art.read_json(tmp_path / "reports" / it / "metrics.json")
+        for key in ("accuracy", "ttt_accuracy", "maj_accuracy"):
+            assert 0.0 <= m[key] <= 1.0
+        if it != "it0":
+            assert {"reward_mean", "judge_accuracy", "num_pairs", "train_loss"} <= set(m)
+        assert (tmp_path / "data" / it / "model" / "model.safetensors").is_file()
+    prompts = art.read_table(tmp_path / "data/it2/prompts.parquet", art.PROMPTS)
+    heldout = art.read_table(tmp_path / "data/task/heldout.parquet", art.PROMPTS)
+    assert set(prompts["source"]) == {"ttt", "fresh", "evolved"}
+    assert not set(prompts["prompt"]) & set(heldout["prompt"])
+    samples = art.read_table(tmp_path / "data/it1/samples.parquet", art.SAMPLES)
+    assert len(samples) == 2 * len(art.read_table(tmp_path / "data/it1/prompts.parquet", art.PROMPTS))
+    prov = art.read_provenance(tmp_path / "data/it1/judgments.parquet")
+    assert prov["stage"] == "judge" and prov["params"]["judge"]["method"] == "co_reward"
+    summary = (tmp_path / "reports/summary.md").read_text()
+    assert "| it3 |" in summary
+    assert all((tmp_path / "reports/figures" / f).stat().st_size > 1000
+               for f in ("accuracy.png", "judge.png", "reward.png"))
+
+
+def test_stage_rerun_is_byte_identical(tmp_path, tiny_params_file, monkeypatch):
+    run_all(tmp_path, tiny_params_file, monkeypatch)
+    outs = ["data/it2/prompts.parquet", "data/it2/samples.parquet", "data/it2/judgments.parquet",
+            "data/it2/pairs.parquet", "data/it2/model/model.safetensors"]
+    before = {p: (tmp_path / p).read_bytes() for p in outs}
+    for cmd in stage_commands():
+        if "--iteration" in cmd and cmd[cmd.index("--iteration") + 1] == "it2" and "evaluate" not in cmd[2]:
+            MODULES[cmd[2].split(".")[1]].main(cmd[3:] + ["--params", str(tiny_params_file)])
+    assert {p: (tmp_path / p).read_bytes() for p in outs} == before
+
+
+def test_bad_params_stop_a_stage_before_it_writes(tmp_path, tiny_raw, monkeypatch, capsys):
+    tiny_raw["judge"]["methd"] = "co_reward"
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(tiny_raw))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        prepare.main(stage_commands()[0][3:] + ["--params", str(params)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"prepare: error: {params}: judge.methd: unknown key"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+
+
+def test_missing_input_is_named(tmp_path, tiny_params_file, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        judge.main(["--iteration", "it1", "--samples", "nope.parquet", "--out", "j.parquet",
+                    "--params", str(tiny_params_file)])
+    assert "nope.parquet: file not found" in capsys.readouterr().err
+    assert not (tmp_path / "j.parquet").exists()

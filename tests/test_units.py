@@ -1,0 +1,191 @@
+"""Pure units: tasks, judges, pairs, losses, atomic writes."""
+
+import math
+import random
+
+import pandas as pd
+import pytest
+import torch
+
+from stages.lib import artifacts as art
+from stages.lib.config import JudgeConfig, PairsConfig, TaskConfig
+from stages.lib.judges import judge_quality, judge_samples, vote_label
+from stages.lib.losses import dpo_loss, sft_loss
+from stages.lib.tasks import ArithmeticTask, Problem, extract_answer, verify
+from stages.pairs import build
+
+
+def test_extract_and_verify():
+    assert extract_answer("68") == "68"
+    assert extract_answer(" 068abc") == "68"
+    assert extract_answer("-5") == "-5"
+    assert extract_answer("") is None
+    assert extract_answer("x68") is None
+    assert extract_answer(None) is None
+    assert verify("68", "68") == 1.0
+    assert verify(None, "68") == 0.0
+    assert verify("68", None) is None
+
+
+def test_split_is_disjoint_including_commuted_forms():
+    task = ArithmeticTask(TaskConfig(heldout_size=100, ttt_size=200))
+    heldout, ttt, train = task.split(seed=1, train_size=500)
+    assert (len(heldout), len(ttt), len(train)) == (100, 200, 500)
+    held = {p.unordered for p in heldout}
+    assert not held & {p.unordered for p in ttt + train}
+    assert not set(ttt) & set(train)
+    assert task.split(seed=1, train_size=500) == (heldout, ttt, train)
+
+
+def test_rewrites_share_the_answer_and_avoid_forbidden():
+    task = ArithmeticTask(TaskConfig())
+    p = Problem(23, 45)
+    forbidden = {(33, 35)}
+    rw = task.rewrites(p, 5, random.Random(0), forbidden)
+    assert len(rw) == 5 and len(set(rw)) == 5 and p not in rw
+    assert rw[0] == Problem(45, 23)
+    for q in rw:
+        assert q.answer == p.answer and q.unordered not in forbidden
+        assert 10 <= q.a <= 99 and 10 <= q.b <= 99
+
+
+def test_vote_label():
+    assert vote_label(["1", "1", "2"], 0.2) == "1"
+    assert vote_label(["1", "2"], 0.2) is None  # tie
+    assert vote_label([None, None], 0.2) is None
+    assert vote_label(["1", "2", "3", "4", "5", "6"], 0.2) is None  # tie at the top
+    assert vote_label(["1", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10"], 0.2) is None  # share 2/11
+
+
+def _samples(rows):
+    df = pd.DataFrame(rows, columns=["prompt_id", "group_id", "pred", "answer"])
+    df["iteration"] = "it1"
+    df["variant"] = 0
+    df["source"] = "ttt"
+    df["category"] = "c"
+    df["prompt"] = df["prompt_id"]
+    df["sample_id"] = [f"{p}/s{i}" for i, p in enumerate(df["prompt_id"])]
+    df["response"] = df["pred"].fillna("??")
+    return df
+
+
+def test_majority_vote_and_co_reward():
+    s = _samples([
+        ("a/v0", "a", "5", "7"), ("a/v0", "a", "5", "7"), ("a/v0", "a", "7", "7"),
+        ("a/v1", "a", "7", "7"), ("a/v1", "a", "7", "7"), ("a/v1", "a", None, "7"),
+    ])
+    mv = judge_samples(s, JudgeConfig(method="majority_vote"))
+    # per prompt: v0's majority is the wrong "5", v1's is "7"
+    assert list(mv["label"]) == ["5", "5", "5", "7", "7", "7"]
+    assert list(mv["reward"]) == [1.0, 1.0, 0.0, 1.0, 1.0, 0.0]
+    co = judge_samples(s, JudgeConfig(method="co_reward"))
+    # pooled over the rewrites, "7" wins 3 to 2, so v0's wrong majority is overruled
+    assert set(co["label"]) == {"7"}
+    assert list(co["reward"]) == [0.0, 0.0, 1.0, 1.0, 1.0, 0.0]
+    assert list(co["correct"]) == [0.0, 0.0, 1.0, 1.0, 1.0, 0.0]
+    q = judge_quality(co)
+    assert q["judge_accuracy"] == 1.0 and q["label_accuracy"] == 1.0
+
+
+def test_self_judges_never_see_ground_truth():
+    s = _samples([("a", "a", "1", "2"), ("a", "a", "3", "2")])
+    out = judge_samples(s, JudgeConfig(method="majority_vote"))
+    assert out["reward"].isna().all()  # a tie: no verdict, and the answer "2" is not used
+    assert out["label"].isna().all()
+    ver = judge_samples(s, JudgeConfig(method="verifier"))
+    assert list(ver["reward"]) == [0.0, 0.0]
+
+
+def _judged(rewards, responses=None, prompt="p"):
+    n = len(rewards)
+    return pd.DataFrame({
+        "iteration": "it1", "prompt_id": prompt, "prompt": prompt,
+        "sample_id": [f"{prompt}/s{i}" for i in range(n)],
+        "response": responses or [f"r{i}" for i in range(n)],
+        "reward": pd.array(rewards, dtype="Float64"),
+        "correct": pd.array([None] * n, dtype="Float64"),
+    })
+
+
+def test_pairs_highest_vs_lowest_ties_and_nulls_dropped():
+    df = pd.concat([
+        _judged([1.0, 0.0, None, 0.5], prompt="a"),
+        _judged([1.0, 1.0], prompt="tie"),
+        _judged([None, None], prompt="null"),
+        _judged([1.0, 0.0], responses=["same", "same"], prompt="same"),
+    ])
+    pairs, best = build(df, PairsConfig(), seed=0)
+    assert list(pairs["prompt_id"]) == ["a"]
+    row = pairs.iloc[0]
+    assert (row["chosen"], row["rejected"]) == ("r0", "r1")
+    assert (row["chosen_reward"], row["rejected_reward"]) == (1.0, 0.0)
+    assert sorted(best["prompt_id"]) == ["a", "same", "tie"]
+    assert (pairs["chosen"] != pairs["rejected"]).all()
+
+
+def test_pairs_are_seeded():
+    df = _judged([1.0, 1.0, 1.0, 0.0, 0.0, 0.0])
+    a = build(df, PairsConfig(), seed=3)[0]
+    assert a.equals(build(df, PairsConfig(), seed=3)[0])
+    picks = {tuple(build(df, PairsConfig(), seed=s)[0].iloc[0][["chosen", "rejected"]]) for s in range(20)}
+    assert len(picks) > 1
+
+
+def test_pairs_margin():
+    df = _judged([0.6, 0.5])
+    assert len(build(df, PairsConfig(min_margin=0.2), seed=0)[0]) == 0
+    assert len(build(df, PairsConfig(min_margin=0.05), seed=0)[0]) == 1
+
+
+def test_dpo_loss_matches_hand_computation():
+    pc, pr = torch.tensor([-1.0, -2.0]), torch.tensor([-3.0, -1.0])
+    rc, rr = torch.tensor([-1.5, -2.0]), torch.tensor([-2.5, -1.5])
+    beta = 0.1
+    loss, stats = dpo_loss(pc, pr, rc, rr, beta)
+    # pair 1: beta*((−1+1.5) − (−3+2.5)) = 0.1; pair 2: beta*((−2+2) − (−1+1.5)) = −0.05
+    expected = (-math.log(1 / (1 + math.exp(-0.1))) - math.log(1 / (1 + math.exp(0.05)))) / 2
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert stats["reward_margin"].tolist() == pytest.approx([0.1, -0.05])
+    nll = torch.tensor([0.5, 1.0])
+    loss2, _ = dpo_loss(pc, pr, rc, rr, beta, nll, nll_weight=2.0)
+    assert loss2.item() == pytest.approx(expected + 2.0 * 0.75, rel=1e-6)
+
+
+def test_dpo_prefers_chosen_and_detaches_rewards():
+    ref = torch.zeros(4)
+    good = torch.tensor([-1.0] * 4, requires_grad=True)
+    bad = torch.tensor([-5.0] * 4, requires_grad=True)
+    l_pref, stats = dpo_loss(good, bad, ref, ref, 0.1)
+    l_anti, _ = dpo_loss(bad, good, ref, ref, 0.1)
+    assert l_pref < l_anti
+    assert not stats["chosen_reward"].requires_grad
+    l_pref.backward()
+    assert good.grad.lt(0).all() and bad.grad.gt(0).all()  # raise chosen, lower rejected
+
+
+def test_sft_loss_is_token_mean():
+    logps = torch.tensor([[-1.0, -2.0, 0.0], [-3.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    assert sft_loss(logps, mask).item() == pytest.approx(2.0)
+
+
+def test_atomic_write_leaves_nothing_on_failure(tmp_path):
+    target = tmp_path / "out.parquet"
+    with pytest.raises(RuntimeError):
+        with art.atomic_path(target) as tmp:
+            tmp.write_text("partial")
+            raise RuntimeError("crash")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_parquet_roundtrip_is_byte_identical(tmp_path):
+    df = pd.DataFrame({"iteration": ["it1"], "prompt_id": ["p"], "prompt": ["1+2="], "response": ["3"],
+                       "reward": [None], "correct": [1.0]})
+    art.write_table(df, tmp_path / "a.parquet", art.SFT, {"x": 1})
+    art.write_table(df, tmp_path / "b.parquet", art.SFT, {"x": 1})
+    assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
+    back = art.read_table(tmp_path / "a.parquet", art.SFT)
+    assert back["reward"].isna().all()
+    assert art.read_provenance(tmp_path / "a.parquet") == {"x": 1}
+    with pytest.raises(art.ArtifactError, match="missing columns"):
+        art.read_table(tmp_path / "a.parquet", art.PAIRS)
