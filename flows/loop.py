@@ -1,0 +1,64 @@
+"""The loop as a Prefect flow: each task runs one DVC stage (`dvc repro -s <stage>@<iteration>`).
+
+DVC stays the only DAG and cache, so work done by `dvc repro` is not redone here and the reverse.
+Run it with `python -m flows.loop` (an ephemeral Prefect server starts if none is configured).
+This module imports neither stage code nor models.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from prefect import flow, get_run_logger, task
+
+STEPS = ("evolve", "sample", "judge", "pairs", "train", "evaluate")
+
+
+def stage_order(params_path: Path) -> list[str]:
+    """DVC stage names in dependency order, iterations unrolled from params.yaml `loop`."""
+    loop = yaml.safe_load(params_path.read_text(encoding="utf-8")).get("loop") or {}
+    return ["prepare", "evaluate_base"] + [f"{s}@{it}" for it in loop for s in STEPS] + ["report"]
+
+
+def _run_name() -> str:
+    from prefect.runtime import task_run
+
+    stage = task_run.parameters["stage"]
+    name, _, it = stage.partition("@")
+    return f"{it}-{name}" if it else name
+
+
+@task(task_run_name=_run_name, retries=2, retry_delay_seconds=[5, 30])
+def repro_stage(stage: str, repo: str) -> None:
+    """`dvc repro -s` one stage, streaming its output to the Prefect logs."""
+    logger = get_run_logger()
+    # The stages' `python` must be this interpreter, whether or not the venv is activated.
+    env = {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dvc", "repro", "-s", stage],
+        cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        line = line.rstrip()
+        if line and "it/s]" not in line and "seq/s]" not in line:
+            logger.info(line)
+    if proc.wait() != 0:
+        raise RuntimeError(f"dvc repro -s {stage} exited with {proc.returncode}")
+
+
+@flow(name="self-improve-loop", log_prints=True)
+def self_improve_loop(repo: str = ".") -> list[str]:
+    """Run every stage of the loop in dependency order; returns the stage names."""
+    stages = stage_order(Path(repo) / "params.yaml")
+    for stage in stages:
+        repro_stage(stage, repo)
+    return stages
+
+
+if __name__ == "__main__":
+    self_improve_loop(sys.argv[1] if len(sys.argv) > 1 else ".")

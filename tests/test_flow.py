@@ -1,0 +1,66 @@
+"""The Prefect flow on a tiny config: every stage a task, the DVC cache shared with `dvc repro`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .conftest import ROOT, tiny_full
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=300):
+        yield
+
+
+def test_flow_runs_every_stage_as_a_task(tmp_path, prefect_harness, monkeypatch):
+    from prefect.client.orchestration import get_client
+
+    from flows.loop import self_improve_loop, stage_order
+
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.split("\0")
+    for rel in filter(None, files):
+        if (ROOT / rel).is_file():
+            (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, tmp_path / rel)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(tiny_full(), sort_keys=False))
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@localhost", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@localhost"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "tiny"]):
+        subprocess.run(cmd, cwd=tmp_path, check=True)
+
+    state = self_improve_loop(str(tmp_path), return_state=True)
+    assert state.is_completed(), state
+    stages = state.result()
+    assert stages == stage_order(tmp_path / "params.yaml") and "judge@it2" in stages
+
+    import asyncio
+
+    async def task_runs():
+        async with get_client() as client:
+            return await client.read_task_runs()
+
+    runs = {r.name: r.state.type.value for r in asyncio.run(task_runs())
+            if r.flow_run_id == state.state_details.flow_run_id}
+    assert "it2-judge" in runs and "prepare" in runs
+    assert len(runs) == len(stages) and set(runs.values()) == {"COMPLETED"}
+    for it in ("it0", "it1", "it2", "it3"):
+        assert (tmp_path / "reports" / it / "metrics.json").is_file()
+    # the flow and `dvc repro` share one cache: nothing is left to do
+    out = subprocess.run([sys.executable, "-m", "dvc", "status"], cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    assert "up to date" in out.stdout, out.stdout
