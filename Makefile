@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install loop test clean-state
+.PHONY: install loop flow test clean-state
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -18,6 +18,9 @@ install: $(VENV)/.installed
 
 loop: install  ## run the whole loop: base model, then iterations it1..it3
 	dvc repro
+
+flow: install  ## the same loop as a Prefect flow: one task per stage, same DVC cache
+	$(PY) -m flows.loop
 
 test: install  ## the test suite (unit, in-process pipeline, real dvc repro on a tiny config)
 	$(PY) -m pytest

@@ -79,9 +79,8 @@ REGISTRY: dict[JudgeMethod, Judge] = {
 def judge_samples(samples: pd.DataFrame, cfg: JudgeConfig) -> pd.DataFrame:
     """Add `reward`, `label` (the configured judge) and `correct` (the verifier, to measure)."""
     judge = REGISTRY[cfg.method]
-    visible = samples if judge.uses_ground_truth else samples.drop(columns=["answer"])
-    if not judge.uses_ground_truth:
-        visible = visible.assign(answer=None)  # self-judges never see ground truth
+    # self-judges never see the ground truth
+    visible = samples if judge.uses_ground_truth else samples.assign(answer=None)
     reward, label = judge.fn(visible, cfg)
     out = samples.copy()
     out["reward"] = pd.array(reward, dtype="Float64")
