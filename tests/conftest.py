@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -49,3 +51,20 @@ def tiny_params_file(tmp_path, tiny_raw) -> Path:
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(tiny_raw))
     return path
+
+
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@localhost",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@localhost"}
+
+
+def git_copy(dest: Path, params: dict, env: dict) -> None:
+    """A fresh git repo at `dest` holding the repo's tracked files and `params` as params.yaml."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.split("\0")
+    for rel in filter(None, files):
+        if (ROOT / rel).is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, dest / rel)
+    (dest / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "tiny"]):
+        subprocess.run(cmd, cwd=dest, env={**env, **GIT_ENV}, check=True)

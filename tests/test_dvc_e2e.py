@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from .conftest import ROOT, deep_merge, tiny_full
+from .conftest import deep_merge, git_copy, tiny_full
 
 pytestmark = pytest.mark.e2e
 
@@ -28,19 +26,8 @@ def repo(tmp_path_factory):
     """A git copy of the tracked files with the tiny params, and `dvc repro` run once."""
     work = tmp_path_factory.mktemp("repo")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "MLFLOW_TRACKING_URI": f"sqlite:///{work}/mlflow.db", "GIT_AUTHOR_NAME": "t",
-           "GIT_AUTHOR_EMAIL": "t@localhost", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@localhost"}
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True,
-                           check=True).stdout.split("\0")
-    for rel in filter(None, files):
-        if (ROOT / rel).is_file():
-            (work / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / rel, work / rel)
-    params = deep_merge(tiny_full(), {"tracking": {"enabled": True, "experiment": "e2e"}})
-    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    sh(["git", "init", "-q"], work, env)
-    sh(["git", "add", "-A"], work, env)
-    sh(["git", "commit", "-qm", "tiny"], work, env)
+           "MLFLOW_TRACKING_URI": f"sqlite:///{work}/mlflow.db"}
+    git_copy(work, deep_merge(tiny_full(), {"tracking": {"enabled": True, "experiment": "e2e"}}), env)
     out = sh(["dvc", "repro"], work, env)
     return work, env, out
 

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from .conftest import ROOT, tiny_full
+from .conftest import git_copy, tiny_full
 
 pytestmark = pytest.mark.e2e
 
@@ -24,24 +22,12 @@ def prefect_harness():
         yield
 
 
-def test_flow_runs_every_stage_as_a_task(tmp_path, prefect_harness, monkeypatch):
+def test_flow_runs_every_stage_as_a_task(tmp_path, prefect_harness):
     from prefect.client.orchestration import get_client
 
     from flows.loop import self_improve_loop, stage_order
 
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True,
-                           check=True).stdout.split("\0")
-    for rel in filter(None, files):
-        if (ROOT / rel).is_file():
-            (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / rel, tmp_path / rel)
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(tiny_full(), sort_keys=False))
-    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@localhost", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@localhost"}
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "tiny"]):
-        subprocess.run(cmd, cwd=tmp_path, check=True)
+    git_copy(tmp_path, tiny_full(), dict(os.environ))
 
     state = self_improve_loop(str(tmp_path), return_state=True)
     assert state.is_completed(), state

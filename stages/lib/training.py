@@ -75,9 +75,15 @@ def _optimizer(model: torch.nn.Module, schedule: Schedule):
     return params, opt, sched
 
 
-def _check(loss: torch.Tensor, step: int) -> None:
+def _update(loss: torch.Tensor, step: int, params, opt, sched, max_grad_norm: float) -> None:
+    """One optimiser step; a non-finite loss stops training before anything is written."""
     if not torch.isfinite(loss):
         raise TrainingError(f"loss is {loss.item()} at step {step}; stopping without writing a model")
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    opt.step()
+    sched.step()
 
 
 def steps_for(n: int, batch_size: int, epochs: int) -> int:
@@ -108,12 +114,7 @@ def train_sft(
         batch = {k: v[idx].to(device) for k, v in data.items()}
         logps, mask = token_logprobs(model, batch)
         loss = sft_loss(logps, mask)
-        _check(loss, step)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-        opt.step()
-        sched.step()
+        _update(loss, step, params, opt, sched, max_grad_norm)
         log.add(loss.item())
     model.eval()
     return log
@@ -154,12 +155,7 @@ def train_dpo(
         lr_, _ = token_logprobs(model, br)
         nll = -lc.sum(-1) / mc.sum(-1).clamp(min=1)
         loss, stats = dpo_loss(lc.sum(-1), lr_.sum(-1), ref_c, ref_r, beta, nll, nll_weight)
-        _check(loss, step)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-        opt.step()
-        sched.step()
+        _update(loss, step, params, opt, sched, max_grad_norm)
         log.add(
             loss.item(),
             reward_margin=stats["reward_margin"].mean().item(),
