@@ -12,6 +12,7 @@ import argparse
 import logging
 
 import pandas as pd
+import torch
 
 from .lib import artifacts as art
 from .lib.cli import derive_seed, run_stage, stage_provenance
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 def train(model, tokenizer, pairs: pd.DataFrame, sft: pd.DataFrame, cfg: TrainConfig, seed: int):
     """Train `model` in place of a copy; returns the merged model and the training log."""
     if cfg.lora.enabled:
+        torch.manual_seed(seed)  # the adapter's initial weights
         model = attach_lora(model, cfg.lora)
     if cfg.algorithm == Algorithm.raft:
         n = len(sft)
