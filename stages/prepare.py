@@ -61,7 +61,7 @@ def prepare(params: Params, progress: bool = True) -> Prepared:
     sched = Schedule(cfg.lr, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
     train_log = train_sft(
         model, tokenizer, [p.prompt for p in train], [p.answer for p in train], sched,
-        cfg.batch_size, derive_seed(params.seed, "prepare-order"), desc="prepare",
+        cfg.batch_size, derive_seed(params.seed, "prepare-order"), desc="prepare", stop_loss=cfg.stop_loss,
     )
     seed_sft = pd.DataFrame(
         {

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -62,7 +62,10 @@ class PrepareConfig(_Section):
 
     model: ModelShape = ModelShape()
     train_size: int = Field(3000, ge=1, description="SFT problems for the base model")
-    steps: int = Field(265, ge=1)
+    steps: int = Field(600, ge=1, description="at most this many steps")
+    stop_loss: Optional[float] = Field(
+        0.5, gt=0, description="stop once the loss's moving average is below this (None: run all steps)"
+    )
     batch_size: int = Field(64, ge=1)
     lr: float = Field(3e-3, gt=0)
     warmup_steps: int = Field(50, ge=0)

@@ -100,8 +100,12 @@ def train_sft(
     seed: int,
     max_grad_norm: float = 1.0,
     desc: str = "sft",
+    stop_loss: float | None = None,
 ) -> TrainLog:
-    """Fine-tune on (prompt, response) pairs with the token-mean NLL of the response."""
+    """Fine-tune on (prompt, response) pairs with the token-mean NLL of the response.
+
+    With `stop_loss`, training ends early once a moving average of the loss falls below it.
+    """
     log = TrainLog()
     if not prompts or schedule.steps == 0:
         return log
@@ -116,6 +120,9 @@ def train_sft(
         loss = sft_loss(logps, mask)
         _update(loss, step, params, opt, sched, max_grad_norm)
         log.add(loss.item())
+        ema = loss.item() if step == 0 else 0.9 * ema + 0.1 * loss.item()
+        if stop_loss is not None and ema < stop_loss:
+            break
     model.eval()
     return log
 
