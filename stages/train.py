@@ -18,7 +18,7 @@ from .lib import artifacts as art
 from .lib.cli import derive_seed, run_stage, stage_provenance
 from .lib.config import Algorithm, Params, TrainConfig
 from .lib.models import attach_lora, load_model, merge_lora, save_model, set_threads
-from .lib.training import Schedule, TrainLog, steps_for, train_dpo, train_sft
+from .lib.training import Schedule, steps_for, train_dpo, train_sft
 
 log = logging.getLogger(__name__)
 

@@ -112,6 +112,7 @@ def train_sft(
     device = next(model.parameters()).device
     data = encode_for_training(tokenizer, prompts, responses)
     params, opt, sched = _optimizer(model, schedule)
+    ema: float | None = None
     model.train()
     for step, idx in enumerate(tqdm(_batches(len(prompts), batch_size, schedule.steps, seed),
                                     total=schedule.steps, desc=desc, mininterval=1.0)):
@@ -120,7 +121,7 @@ def train_sft(
         loss = sft_loss(logps, mask)
         _update(loss, step, params, opt, sched, max_grad_norm)
         log.add(loss.item())
-        ema = loss.item() if step == 0 else 0.9 * ema + 0.1 * loss.item()
+        ema = loss.item() if ema is None else 0.9 * ema + 0.1 * loss.item()
         if stop_loss is not None and ema < stop_loss:
             break
     model.eval()
