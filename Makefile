@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install loop flow test clean-state
+.PHONY: install loop flow test bench clean-state
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -24,6 +24,9 @@ flow: install  ## the same loop as a Prefect flow: one task per stage, same DVC 
 
 test: install  ## the test suite (unit, in-process pipeline, real dvc repro on a tiny config)
 	$(PY) -m pytest
+
+bench: install  ## where the time goes: the loop, orchestration, sampling (figures in reports/benchmark.json)
+	$(PY) -m benchmarks.bench --out reports/benchmark.json
 
 clean-state:  ## remove generated state (data, MLflow store); DVC's cache stays
 	rm -rf data/it* data/task mlflow.db mlruns mlartifacts

@@ -15,10 +15,11 @@ import pandas as pd
 
 from .lib import artifacts as art
 from .lib.cli import derive_seed, run_stage
+from .lib.backends import Sampler, open_sampler
 from .lib.config import EvaluateConfig, Params
-from .lib.generation import SamplingSpec, generate
+from .lib.generation import SamplingSpec
 from .lib.judges import judge_quality
-from .lib.models import load_model, set_threads
+from .lib.models import set_threads
 from .lib.tasks import extract_answer, verify
 
 
@@ -35,16 +36,16 @@ def accuracy(preds: list[str | None], answers: list[str]) -> float:
     return float(sum(verify(p, a) for p, a in zip(preds, answers, strict=True)) / max(1, len(answers)))
 
 
-def model_metrics(model, tokenizer, heldout: pd.DataFrame, ttt: pd.DataFrame, cfg: EvaluateConfig,
+def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cfg: EvaluateConfig,
                   max_new_tokens: int, seed: int, progress: bool = True) -> dict[str, float]:
     greedy = SamplingSpec(n=1, greedy=True, max_new_tokens=max_new_tokens, batch_size=cfg.batch_size)
     sampled = SamplingSpec(n=cfg.k, temperature=cfg.temperature, max_new_tokens=max_new_tokens,
                            batch_size=cfg.batch_size)
     out = {}
     for name, df in (("accuracy", heldout), ("ttt_accuracy", ttt)):
-        res = generate(model, tokenizer, list(df["prompt"]), greedy, seed, desc=name, progress=progress)
+        res = sampler.generate(list(df["prompt"]), greedy, seed, desc=name, progress=progress)
         out[name] = accuracy([extract_answer(r[0]) for r in res], list(df["answer"]))
-    res = generate(model, tokenizer, list(heldout["prompt"]), sampled, seed, desc="maj@k", progress=progress)
+    res = sampler.generate(list(heldout["prompt"]), sampled, seed, desc="maj@k", progress=progress)
     out["maj_accuracy"] = accuracy([plurality([extract_answer(x) for x in r]) for r in res], list(heldout["answer"]))
     return out
 
@@ -79,11 +80,11 @@ def main(argv: list[str] | None = None) -> None:
     def body(args: argparse.Namespace, params: Params) -> None:
         step = params.iteration_index(args.iteration)
         set_threads()
-        model, tokenizer = load_model(args.model)
+        sampler = open_sampler(args.model, params.sample)
         heldout = art.read_table(args.heldout, art.PROMPTS)
         ttt = art.read_table(args.ttt, art.PROMPTS)
         metrics = {"iteration": args.iteration, "step": step}
-        metrics.update(model_metrics(model, tokenizer, heldout, ttt, params.evaluate,
+        metrics.update(model_metrics(sampler, heldout, ttt, params.evaluate,
                                      params.sample.max_new_tokens, derive_seed(params.seed, "evaluate")))
         train = art.read_json(args.train_metrics)
         if args.judgments:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import time
 from pathlib import Path
 
 import pandas as pd
 
 from .lib import artifacts as art
-from .lib.cli import run_stage
+from .lib.cli import note_timing, run_stage
 from .lib.config import ConfigError, Params, flatten
 from .lib.tracking import make_tracker
 
@@ -133,11 +134,13 @@ def main(argv: list[str] | None = None) -> None:
         keep = ["iteration", "step"] + [k for k, _ in COLUMNS if k in df.columns]
         with art.atomic_path(args.table) as tmp:
             df[keep].to_csv(tmp, index=False)
+        started = time.perf_counter()
         tracker = make_tracker(params.tracking)
         name = os.environ.get("DVC_EXP_NAME") or "loop"
         tags = {"git_commit": art.git_sha() or "", "dvc_experiment": os.environ.get("DVC_EXP_NAME", "")}
         run_id = tracker.log_loop(name, flatten(params), df.to_dict("records"),
                                   [Path(args.summary), figures, Path(args.table)], tags)
+        note_timing("tracking_seconds", time.perf_counter() - started)
         if run_id:
             log.info("MLflow parent run %s (%s)", run_id, name)
         print(Path(args.summary).read_text())

@@ -12,18 +12,19 @@ import pandas as pd
 
 from .lib import artifacts as art
 from .lib.cli import derive_seed, run_stage, stage_provenance
+from .lib.backends import Sampler, open_sampler
 from .lib.config import Params, SampleConfig
-from .lib.generation import SamplingSpec, generate
-from .lib.models import load_model, set_threads
+from .lib.generation import SamplingSpec
+from .lib.models import set_threads
 from .lib.tasks import extract_answer
 
 
-def sample(model, tokenizer, prompts: pd.DataFrame, cfg: SampleConfig, seed: int, progress: bool = True) -> pd.DataFrame:
+def sample(sampler: Sampler, prompts: pd.DataFrame, cfg: SampleConfig, seed: int, progress: bool = True) -> pd.DataFrame:
     spec = SamplingSpec(
         n=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p,
         max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
     )
-    responses = generate(model, tokenizer, list(prompts["prompt"]), spec, seed, desc="sample", progress=progress)
+    responses = sampler.generate(list(prompts["prompt"]), spec, seed, desc="sample", progress=progress)
     rows = prompts.loc[prompts.index.repeat(cfg.k)].reset_index(drop=True)
     flat = [r for rs in responses for r in rs]
     rows["sample_id"] = [f"{pid}/s{j}" for pid in prompts["prompt_id"] for j in range(cfg.k)]
@@ -44,9 +45,10 @@ def main(argv: list[str] | None = None) -> None:
         params.iteration_index(args.iteration)
         set_threads()
         prompts = art.read_table(args.prompts, art.PROMPTS)
-        model, tokenizer = load_model(args.model)
-        df = sample(model, tokenizer, prompts, params.sample, derive_seed(params.seed, "sample", args.iteration))
+        sampler = open_sampler(args.model, params.sample)
+        df = sample(sampler, prompts, params.sample, derive_seed(params.seed, "sample", args.iteration))
         prov = stage_provenance("sample", args.iteration, params, ("seed", "sample"), [args.out])
+        prov["backend"] = sampler.backend
         art.write_table(df, args.out, art.SAMPLES, prov)
 
     run_stage("sample", _args, body, argv)

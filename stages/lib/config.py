@@ -87,12 +87,22 @@ class EvolveConfig(_Section):
     rewrites: int = Field(3, ge=0, description="equivalent rewrites of each problem (co_reward)")
 
 
+class SampleBackend(str, enum.Enum):
+    auto = "auto"  # vllm when it is installed and a GPU is present, else hf
+    hf = "hf"  # batched `transformers` generation (CPU or GPU)
+    vllm = "vllm"  # the `gpu` extra; GPU only
+
+
 class SampleConfig(_Section):
+    backend: SampleBackend = Field(SampleBackend.auto, description="sampling engine (sample and evaluate)")
     k: int = Field(4, ge=1, description="responses per prompt")
     temperature: float = Field(0.7, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(6, ge=1)
-    batch_size: int = Field(1024, ge=1, description="sequences per generate() call")
+    batch_size: int = Field(
+        1024, ge=1, description="hf: sequences per generate() call, lowered to fit free memory"
+    )
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vllm: share of GPU memory it may take")
 
 
 class JudgeMethod(str, enum.Enum):

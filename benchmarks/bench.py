@@ -1,0 +1,262 @@
+"""Where the time of a self-improvement loop goes, measured on this machine in one run.
+
+    make bench            # = python -m benchmarks.bench --out reports/benchmark.json
+
+1. The default loop: `dvc repro` in a fresh clone of the repo's HEAD (empty DVC cache), with each
+   stage process timing itself (SELF_IMPROVE_TIMINGS). Orchestration = the loop's wall time not
+   spent inside a stage process (DVC) plus MLflow logging; then a no-op `dvc repro`; then the same
+   loop as a Prefect flow in a second fresh clone.
+2. On the loop's own artifacts (the default base model, its first iteration's samples): sampling
+   tokens/s batched vs one sequence at a time, judge log-prob scoring and RAFT training tokens/s,
+   and the sample stage at four prompt counts with a fitted line. On a GPU the same sampling runs
+   on CUDA, and with vLLM when it is installed.
+
+Figures go to the JSON file given by --out; the last line printed sums up the targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGETS = {"batched_speedup": 20.0, "orchestration_share": 0.05, "noop_repro_seconds": 5.0,
+           "loop_seconds": 300.0, "linear_r2": 0.98}
+
+
+def _env(work: Path, timings: Path) -> dict:
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+            "SELF_IMPROVE_TIMINGS": str(timings), "MLFLOW_TRACKING_URI": f"sqlite:///{work}/mlflow.db",
+            "PYTHONUNBUFFERED": "1"}
+
+
+def _run(args: list[str], cwd: Path, env: dict) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"bench: {' '.join(args)} failed in {cwd}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return time.perf_counter() - start
+
+
+def clone(dest: Path) -> Path:
+    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(dest)], check=True)
+    return dest
+
+
+def _read_timings(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _stage_table(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """{stage: {iteration: process seconds}}; evaluate_base shows as evaluate@it0."""
+    table: dict[str, dict[str, float]] = defaultdict(dict)
+    for r in rows:
+        table[r["stage"]][r["iteration"] or "-"] = round(r["process_seconds"] or r["seconds"], 2)
+    return dict(table)
+
+
+def bench_loop(tmp: Path) -> tuple[dict, Path]:
+    work = clone(tmp / "loop")
+    timings = work / "timings.jsonl"
+    env = _env(work, timings)
+    print("loop: dvc repro in a fresh clone ...", flush=True)
+    wall = _run([sys.executable, "-m", "dvc", "repro"], work, env)
+    rows = _read_timings(timings)
+    in_stages = sum(r["process_seconds"] or r["seconds"] for r in rows)
+    mlflow_s = sum(r.get("tracking_seconds", 0.0) for r in rows)
+    noop = _run([sys.executable, "-m", "dvc", "repro"], work, {**env, "SELF_IMPROVE_TIMINGS": ""})
+    out = {
+        "loop_seconds": round(wall, 1),
+        "stage_process_seconds": round(in_stages, 1),
+        "dvc_seconds": round(wall - in_stages, 1),
+        "mlflow_seconds": round(mlflow_s, 2),
+        "orchestration_share": round((wall - in_stages + mlflow_s) / wall, 4),
+        "noop_repro_seconds": round(noop, 2),
+        "stages": _stage_table(rows),
+    }
+    return out, work
+
+
+def bench_flow(tmp: Path) -> dict:
+    """The same loop as a Prefect flow in a fresh clone; the server is started before timing."""
+    work = clone(tmp / "flow")
+    timings = work / "timings.jsonl"
+    print("loop: the Prefect flow in a fresh clone ...", flush=True)
+    code = ("import json, sys, time\n"
+            "from prefect import flow\n"
+            "from flows.loop import self_improve_loop\n"
+            "@flow(name='warm-up')\ndef warm_up():\n    return None\n"
+            "warm_up()  # starts the server before the clock does\n"
+            "t = time.perf_counter(); stages = self_improve_loop(sys.argv[1])\n"
+            "print(json.dumps({'flow_seconds': time.perf_counter() - t, 'tasks': len(stages)}))\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(work)], cwd=ROOT, env=_env(work, timings),
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"error": proc.stderr[-1500:]}
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    rows = _read_timings(timings)
+    in_stages = sum(r["process_seconds"] or r["seconds"] for r in rows)
+    mlflow_s = sum(r.get("tracking_seconds", 0.0) for r in rows)
+    wall = res["flow_seconds"]
+    return {"flow_seconds": round(wall, 1), "tasks": res["tasks"], "stage_process_seconds": round(in_stages, 1),
+            "orchestration_share": round((wall - in_stages + mlflow_s) / wall, 4)}
+
+
+def _generated_tokens(tokenizer, outputs: list[list[str]], max_new: int) -> int:
+    """Tokens a model produced: each response's tokens plus its <eos>, at most max_new."""
+    return sum(min(len(tokenizer(r, add_special_tokens=False)["input_ids"]) + 1, max_new)
+               for rs in outputs for r in rs)
+
+
+def bench_compute(work: Path, device: str, single_prompts: int) -> dict:
+    import numpy as np
+    import torch
+
+    from stages.lib import artifacts as art
+    from stages.lib.backends import HFSampler, VLLMSampler, vllm_unavailable
+    from stages.lib.config import load_params
+    from stages.lib.generation import SamplingSpec, encode_for_training, generate, score
+    from stages.lib.models import attach_lora, load_model, set_threads
+    from stages.lib.training import Schedule, steps_for, train_sft
+    from stages.sample import sample
+
+    set_threads()
+    params = load_params(work / "params.yaml")
+    cfg = params.sample
+    model, tok = load_model(work / "data/it0/model", device=device)
+    ttt = list(art.read_table(work / "data/task/ttt.parquet", art.PROMPTS)["prompt"])
+    out: dict = {"device": device}
+
+    def timed(fn):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        res = fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return res, time.perf_counter() - start
+
+    spec = SamplingSpec(n=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p,
+                        max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size)
+    generate(model, tok, ttt[:8], spec, seed=0, progress=False)  # warm-up
+    res, secs = timed(lambda: generate(model, tok, ttt, spec, seed=1, progress=False))
+    batched = _generated_tokens(tok, res, cfg.max_new_tokens) / secs
+    one = SamplingSpec(n=1, temperature=cfg.temperature, top_p=cfg.top_p,
+                       max_new_tokens=cfg.max_new_tokens, batch_size=1)
+    few = ttt[:single_prompts]
+    res, secs = timed(lambda: [generate(model, tok, [p], one, seed=j * 10_007 + i, progress=False)[0]
+                               for i, p in enumerate(few) for j in range(cfg.k)])
+    single = _generated_tokens(tok, res, cfg.max_new_tokens) / secs
+    greedy = SamplingSpec(n=1, greedy=True, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size)
+    same = generate(model, tok, few, greedy, 0, progress=False) == [
+        generate(model, tok, [p], greedy, 0, progress=False)[0] for p in few]
+    out["sampling"] = {"batched_tokens_per_s": round(batched), "one_at_a_time_tokens_per_s": round(single),
+                       "batched_speedup": round(batched / single, 1), "prompts": len(ttt), "k": cfg.k,
+                       "one_at_a_time_prompts": len(few), "greedy_identical": same}
+
+    samples = art.read_table(work / "data/it1/samples.parquet", art.SAMPLES)
+    sc, secs = timed(lambda: score(model, tok, list(samples["prompt"]), list(samples["response"]),
+                                   batch_size=cfg.batch_size, progress=False))
+    out["judge_scoring"] = {"tokens_per_s": round(sc.processed_tokens / secs), "sequences": len(samples)}
+
+    sft = art.read_table(work / "data/it1/sft.parquet", art.SFT)
+    tcfg = params.train
+    steps = steps_for(len(sft), tcfg.batch_size, 1)
+    enc = encode_for_training(tok, list(sft["prompt"]), list(sft["response"]))
+    per_example = float(enc["attention_mask"].sum()) / len(sft)
+    torch.manual_seed(0)
+    lora_model = attach_lora(load_model(work / "data/it0/model", device=device)[0], tcfg.lora)
+    _, secs = timed(lambda: train_sft(lora_model, tok, list(sft["prompt"]), list(sft["response"]),
+                                      Schedule(tcfg.lr, steps), tcfg.batch_size, 0, tcfg.max_grad_norm))
+    out["train_raft"] = {"tokens_per_s": round(steps * tcfg.batch_size * per_example / secs), "steps": steps}
+
+    prompts = art.read_table(work / "data/it1/prompts.parquet", art.PROMPTS)
+    sampler = HFSampler(model, tok)
+    sizes = [n for n in (250, 500, 1000, 2000) if n <= len(prompts)]
+    times = [timed(lambda n=n: sample(sampler, prompts.head(n), cfg, 0, progress=False))[1] for n in sizes]
+    slope, intercept = np.polyfit(sizes, times, 1)
+    pred = np.polyval([slope, intercept], sizes)
+    r2 = 1 - float(np.sum((np.array(times) - pred) ** 2) / np.sum((np.array(times) - np.mean(times)) ** 2))
+    out["scaling"] = {"prompts": sizes, "seconds": [round(t, 3) for t in times],
+                      "seconds_per_1000_prompts": round(1000 * slope, 3), "intercept_seconds": round(intercept, 3),
+                      "r2": round(r2, 4)}
+
+    reason = vllm_unavailable()
+    if device == "cuda" and not reason:
+        v = VLLMSampler(work / "data/it0/model", cfg.gpu_memory_utilization)
+        v.generate(ttt[:8], spec, 0, progress=False)
+        res, secs = timed(lambda: v.generate(ttt, spec, 1, progress=False))
+        vtps = _generated_tokens(tok, res, cfg.max_new_tokens) / secs
+        out["vllm"] = {"tokens_per_s": round(vtps), "vs_hf_batched": round(vtps / batched, 2)}
+    else:
+        out["vllm"] = {"skipped": reason or "no GPU"}
+    return out
+
+
+def summary_line(res: dict) -> str:
+    checks = []
+
+    def check(label: str, value, target, ok: bool, fmt: str) -> None:
+        checks.append(f"{label} {fmt.format(value)} ({'ok' if ok else 'MISSED'}, target {target})")
+
+    comp = res.get("cpu", {})
+    if "sampling" in comp:
+        s = comp["sampling"]["batched_speedup"]
+        check("batched/one-at-a-time", s, ">= 20x", s >= TARGETS["batched_speedup"], "{}x")
+    if "loop" in res:
+        lp = res["loop"]
+        check("orchestration", 100 * lp["orchestration_share"], "<= 5%",
+              lp["orchestration_share"] <= TARGETS["orchestration_share"], "{:.1f}%")
+        check("no-op repro", lp["noop_repro_seconds"], "<= 5 s",
+              lp["noop_repro_seconds"] <= TARGETS["noop_repro_seconds"], "{} s")
+        check("loop", lp["loop_seconds"] / 60, "<= 5 min", lp["loop_seconds"] <= TARGETS["loop_seconds"], "{:.1f} min")
+    if "scaling" in comp:
+        r2 = comp["scaling"]["r2"]
+        check("linear in prompts R^2", r2, ">= 0.98", r2 >= TARGETS["linear_r2"], "{}")
+    return "targets: " + " | ".join(checks)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="reports/benchmark.json", help="JSON file for the figures")
+    p.add_argument("--workdir", help="reuse a repo where the loop has run (skips the loop benchmarks)")
+    p.add_argument("--no-flow", action="store_true", help="skip the Prefect flow run")
+    p.add_argument("--single-prompts", type=int, default=32, help="prompts sampled one sequence at a time")
+    args = p.parse_args(argv)
+
+    import torch
+
+    res: dict = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                             "torch": torch.__version__,
+                             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
+                 "git_sha": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                                           text=True).stdout.strip()}
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        if args.workdir:
+            work = Path(args.workdir).resolve()
+        else:
+            res["loop"], work = bench_loop(Path(tmp))
+            if not args.no_flow:
+                res["loop"]["prefect"] = bench_flow(Path(tmp))
+        print("compute: sampling, scoring, training, scaling on the default model ...", flush=True)
+        res["cpu"] = bench_compute(work, "cpu", args.single_prompts)
+        if torch.cuda.is_available():
+            res["cuda"] = bench_compute(work, "cuda", args.single_prompts)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2) + "\n")
+    print(json.dumps(res, indent=2))
+    print(f"figures written to {out}")
+    print(summary_line(res))
+
+
+if __name__ == "__main__":
+    main()

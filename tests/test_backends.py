@@ -1,0 +1,131 @@
+"""Sampling backends (hf, vllm) and batched log-prob scoring on a real tiny model."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+
+from stages import sample as sample_stage
+from stages.lib.backends import HFSampler, open_sampler, resolve_backend, vllm_unavailable
+from stages.lib.config import ModelShape, SampleBackend, SampleConfig
+from stages.lib.errors import PipelineError
+from stages.lib.generation import SamplingSpec, encode_for_training, generate, memory_cap, score
+from stages.lib.models import build_char_tokenizer, build_tiny_model, save_model
+from stages.lib.training import Schedule, train_sft
+
+NO_VLLM = vllm_unavailable()
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_char_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def trained(tok):
+    model = build_tiny_model(ModelShape(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tok, 0)
+    prompts = [f"{a}+{b}=" for a in range(10, 40) for b in range(10, 20)]
+    train_sft(model, tok, prompts, [str(eval(p[:-1])) for p in prompts], Schedule(3e-3, 60), 32, 0)
+    return model
+
+
+@pytest.fixture(scope="module")
+def model_dir(tok, trained, tmp_path_factory):
+    path = tmp_path_factory.mktemp("m") / "model"
+    save_model(trained, tok, path, {"test": True})
+    return path
+
+
+def test_auto_falls_back_to_hf_without_vllm_or_gpu(model_dir):
+    if NO_VLLM:
+        assert resolve_backend(SampleBackend.auto) == SampleBackend.hf
+        assert open_sampler(model_dir, SampleConfig()).backend == "hf"
+    else:
+        assert resolve_backend(SampleBackend.auto) == SampleBackend.vllm
+    assert resolve_backend(SampleBackend.hf) == SampleBackend.hf
+
+
+@pytest.mark.skipif(not NO_VLLM, reason="vllm and a GPU are present: the refusal cannot be shown")
+def test_vllm_refused_with_the_reason_and_nothing_written(model_dir, tmp_path, tiny_raw, monkeypatch, capsys):
+    with pytest.raises(PipelineError, match=r"sample.backend: vllm cannot run here: "):
+        open_sampler(model_dir, SampleConfig(backend="vllm"))
+    tiny_raw["sample"]["backend"] = "vllm"
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(tiny_raw))
+    import pandas as pd
+
+    from stages.lib import artifacts as art
+
+    prompts = pd.DataFrame([{"iteration": "it1", "prompt_id": "p/v0", "group_id": "p", "variant": 0,
+                             "source": "ttt", "category": "c", "prompt": "12+34=", "answer": "46"}])
+    art.write_table(prompts, tmp_path / "prompts.parquet", art.PROMPTS)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        sample_stage.main(["--iteration", "it1", "--prompts", "prompts.parquet", "--model", str(model_dir),
+                           "--out", "samples.parquet", "--params", str(params)])
+    assert exit_.value.code == 2
+    assert "sample: error: sample.backend: vllm cannot run here:" in capsys.readouterr().err
+    assert not (tmp_path / "samples.parquet").exists()
+
+
+@pytest.mark.skipif(bool(NO_VLLM), reason=f"vllm backend not testable here: {NO_VLLM}")
+def test_vllm_greedy_matches_hf(model_dir, tok, trained):
+    prompts = ["12+34=", "23+45=", "31+17=", "10+10="]
+    spec = SamplingSpec(n=1, greedy=True, max_new_tokens=4)
+    vllm_out = open_sampler(model_dir, SampleConfig(backend="vllm")).generate(prompts, spec, 0, progress=False)
+    hf_out = HFSampler(trained, tok).generate(prompts, spec, 0, progress=False)
+    assert vllm_out == hf_out
+    sampled = open_sampler(model_dir, SampleConfig(backend="vllm")).generate(
+        prompts, SamplingSpec(n=3, temperature=1.0, max_new_tokens=4), 1, progress=False)
+    assert [len(s) for s in sampled] == [3] * 4
+
+
+def test_sample_stage_records_the_backend(model_dir, tmp_path, tiny_raw, monkeypatch):
+    import pandas as pd
+
+    from stages.lib import artifacts as art
+
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(tiny_raw))
+    prompts = pd.DataFrame([{"iteration": "it1", "prompt_id": f"p{i}/v0", "group_id": f"p{i}", "variant": 0,
+                             "source": "ttt", "category": "c", "prompt": f"{10 + i}+34=", "answer": str(44 + i)}
+                            for i in range(5)])
+    art.write_table(prompts, tmp_path / "prompts.parquet", art.PROMPTS)
+    monkeypatch.chdir(tmp_path)
+    sample_stage.main(["--iteration", "it1", "--prompts", "prompts.parquet", "--model", str(model_dir),
+                       "--out", "samples.parquet", "--params", str(params)])
+    out = art.read_table("samples.parquet", art.SAMPLES)
+    assert len(out) == 5 * tiny_raw["sample"]["k"]
+    assert art.read_provenance("samples.parquet")["backend"] == resolve_backend(SampleBackend.auto).value
+
+
+def test_memory_cap_shrinks_with_length_and_bounds_the_batch(trained, tok, monkeypatch):
+    assert memory_cap(trained, 10) >= memory_cap(trained, 1000) >= 1
+    prompts = ["1+2=", "23+45=", "99+9=", "10+10=", "7+88="]
+    spec = SamplingSpec(n=1, greedy=True, max_new_tokens=4, batch_size=64)
+    free = generate(trained, tok, prompts, spec, seed=0, progress=False)
+    # with almost no free memory each call holds one prompt: same greedy answers
+    monkeypatch.setattr("stages.lib.generation._free_bytes", lambda device: 1)
+    assert generate(trained, tok, prompts, spec, seed=0, progress=False) == free
+
+
+def test_score_matches_a_direct_computation(trained, tok):
+    prompts = ["12+34=", "5+5=", "99+99="]
+    responses = ["46", "10", "x"]
+    got = score(trained, tok, prompts, responses, batch_size=2, progress=False)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        enc = encode_for_training(tok, [p], [r])
+        with torch.no_grad():
+            logits = trained(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits[0, :-1]
+        logps = F.log_softmax(logits.double(), -1)
+        mask = enc["loss_mask"][0, 1:].bool()
+        target = logps.gather(1, enc["input_ids"][0, 1:, None])[:, 0]
+        assert got.logp[i] == pytest.approx(target[mask].sum().item(), rel=1e-5)
+        assert got.tokens[i] == len(r) + 1  # the response's characters and <eos>
+        v = logps.shape[-1]
+        kl = (-(math.log(v)) - logps.mean(-1))[mask].mean().item()  # KL(U || p), mean over tokens
+        assert got.self_certainty[i] == pytest.approx(kl, rel=1e-5)
+        assert got.self_certainty[i] > 0
+    assert score(trained, tok, prompts, responses, batch_size=64, progress=False).logp == pytest.approx(got.logp)
