@@ -85,6 +85,21 @@ def bench_loop(tmp: Path) -> tuple[dict, Path]:
     return out, work
 
 
+def bench_direct(work: Path) -> dict:
+    """The loop's stage commands from dvc.yaml run one after another, no DVC, MLflow off
+    (for a machine without them, e.g. a GPU box)."""
+    from flows.dag import stage_commands
+
+    timings = work / "timings.jsonl"
+    env = {**_env(work, timings), "SELF_IMPROVE_TRACKING": "0"}
+    print("loop: the stage commands of dvc.yaml, run directly ...", flush=True)
+    start = time.perf_counter()
+    for _, argv in stage_commands(work):
+        _run([sys.executable if argv[0] == "python" else argv[0], *argv[1:]], work, env)
+    wall = time.perf_counter() - start
+    return {"loop_seconds": round(wall, 1), "stages": _stage_table(_read_timings(timings))}
+
+
 def bench_flow(tmp: Path) -> dict:
     """The same loop as a Prefect flow in a fresh clone; the server is started before timing."""
     work = clone(tmp / "flow")
@@ -221,7 +236,19 @@ def summary_line(res: dict) -> str:
     if "scaling" in comp:
         r2 = comp["scaling"]["r2"]
         check("linear in prompts R^2", r2, ">= 0.98", r2 >= TARGETS["linear_r2"], "{}")
+    if "cuda" in res:
+        g = res["cuda"]
+        checks.append(f"GPU sampling {g['sampling']['batched_tokens_per_s']} tok/s, vllm: "
+                      + (f"{g['vllm']['vs_hf_batched']}x hf" if "vs_hf_batched" in g["vllm"] else g["vllm"]["skipped"]))
     return "targets: " + " | ".join(checks)
+
+
+def _git_sha() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True).stdout.strip() or None
+    except OSError:
+        return None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -229,6 +256,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="reports/benchmark.json", help="JSON file for the figures")
     p.add_argument("--workdir", help="reuse a repo where the loop has run (skips the loop benchmarks)")
     p.add_argument("--no-flow", action="store_true", help="skip the Prefect flow run")
+    p.add_argument("--direct", action="store_true",
+                   help="run the loop's stage commands without DVC, Prefect or MLflow (in --workdir)")
     p.add_argument("--single-prompts", type=int, default=32, help="prompts sampled one sequence at a time")
     args = p.parse_args(argv)
 
@@ -237,22 +266,31 @@ def main(argv: list[str] | None = None) -> None:
     res: dict = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                              "torch": torch.__version__,
                              "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
-                 "git_sha": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                                           text=True).stdout.strip()}
+                 "git_sha": _git_sha()}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after every section, so a later failure keeps what was measured
+        out.write_text(json.dumps(res, indent=2) + "\n")
+
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-        if args.workdir:
+        if args.direct:
+            work = Path(args.workdir).resolve() if args.workdir else clone(Path(tmp) / "direct")
+            res["loop_direct"] = bench_direct(work)
+        elif args.workdir:
             work = Path(args.workdir).resolve()
         else:
             res["loop"], work = bench_loop(Path(tmp))
+            save()
             if not args.no_flow:
                 res["loop"]["prefect"] = bench_flow(Path(tmp))
+        save()
         print("compute: sampling, scoring, training, scaling on the default model ...", flush=True)
         res["cpu"] = bench_compute(work, "cpu", args.single_prompts)
+        save()
         if torch.cuda.is_available():
             res["cuda"] = bench_compute(work, "cuda", args.single_prompts)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2) + "\n")
+            save()
     print(json.dumps(res, indent=2))
     print(f"figures written to {out}")
     print(summary_line(res))

@@ -12,16 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
 from prefect import flow, get_run_logger, task
 
-STEPS = ("evolve", "sample", "judge", "pairs", "train", "evaluate")
-
-
-def stage_order(params_path: Path) -> list[str]:
-    """DVC stage names in dependency order, iterations unrolled from params.yaml `loop`."""
-    loop = yaml.safe_load(params_path.read_text(encoding="utf-8")).get("loop") or {}
-    return ["prepare", "evaluate_base"] + [f"{s}@{it}" for it in loop for s in STEPS] + ["report"]
+from .dag import stage_order
 
 
 def _run_name() -> str:
@@ -54,7 +47,7 @@ def repro_stage(stage: str, repo: str) -> None:
 @flow(name="self-improve-loop", log_prints=True)
 def self_improve_loop(repo: str = ".") -> list[str]:
     """Run every stage of the loop in dependency order; returns the stage names."""
-    stages = stage_order(Path(repo) / "params.yaml")
+    stages = stage_order(Path(repo))
     for stage in stages:
         repro_stage(stage, repo)
     return stages

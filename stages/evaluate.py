@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     def body(args: argparse.Namespace, params: Params) -> None:
         step = params.iteration_index(args.iteration)
         set_threads()
-        sampler = open_sampler(args.model, params.sample)
+        sampler = open_sampler(args.model, params.sample, params.security)
         heldout = art.read_table(args.heldout, art.PROMPTS)
         ttt = art.read_table(args.ttt, art.PROMPTS)
         metrics = {"iteration": args.iteration, "step": step}

@@ -45,9 +45,9 @@ def main(argv: list[str] | None = None) -> None:
         params.iteration_index(args.iteration)
         set_threads()
         prompts = art.read_table(args.prompts, art.PROMPTS)
-        sampler = open_sampler(args.model, params.sample)
+        sampler = open_sampler(args.model, params.sample, params.security)
         df = sample(sampler, prompts, params.sample, derive_seed(params.seed, "sample", args.iteration))
-        prov = stage_provenance("sample", args.iteration, params, ("seed", "sample"), [args.out])
+        prov = stage_provenance("sample", args.iteration, params, ("seed", "sample", "security"), [args.out])
         prov["backend"] = sampler.backend
         art.write_table(df, args.out, art.SAMPLES, prov)
 

@@ -58,11 +58,11 @@ def main(argv: list[str] | None = None) -> None:
         set_threads()
         pairs = art.read_table(args.pairs, art.PAIRS)
         sft = art.read_table(args.sft, art.SFT)
-        model, tokenizer = load_model(args.model)
+        model, tokenizer = load_model(args.model, security=params.security)
         merged, train_log, n = train(model, tokenizer, pairs, sft, params.train,
                                      derive_seed(params.seed, "train", args.iteration))
         metrics = {"train_examples": n, **train_log.summary()}
-        prov = stage_provenance("train", args.iteration, params, ("seed", "train"), [args.out])
+        prov = stage_provenance("train", args.iteration, params, ("seed", "train", "security"), [args.out])
         save_model(merged, tokenizer, args.out, prov)
         art.write_json(metrics, args.metrics)
 

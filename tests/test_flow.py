@@ -32,7 +32,7 @@ def test_flow_runs_every_stage_as_a_task(tmp_path, prefect_harness):
     state = self_improve_loop(str(tmp_path), return_state=True)
     assert state.is_completed(), state
     stages = state.result()
-    assert stages == stage_order(tmp_path / "params.yaml") and "judge@it2" in stages
+    assert stages == stage_order(tmp_path) and "judge@it2" in stages
 
     import asyncio
 

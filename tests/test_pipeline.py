@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 import pytest
 import yaml
 
+from flows.dag import stage_commands as dag_commands
 from stages import evaluate, evolve, judge, pairs, prepare, report, sample, train
 from stages.lib import artifacts as art
 
@@ -18,14 +18,7 @@ MODULES = {m.__name__.split(".")[-1]: m for m in (prepare, evolve, sample, judge
 
 def stage_commands() -> list[list[str]]:
     """The stage commands of dvc.yaml, in DAG order, with `foreach` unrolled."""
-    spec = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
-    loop = yaml.safe_load((ROOT / "params.yaml").read_text())["loop"]
-    cmds = [spec["prepare"]["cmd"], spec["evaluate_base"]["cmd"]]
-    for key, item in loop.items():
-        for name in ("evolve", "sample", "judge", "pairs", "train", "evaluate"):
-            cmds.append(spec[name]["do"]["cmd"].replace("${key}", key).replace("${item.prev}", item["prev"]))
-    cmds.append(spec["report"]["cmd"])
-    return [shlex.split(c) for c in cmds]
+    return [argv for _, argv in dag_commands(ROOT)]
 
 
 def run_all(workdir: Path, params: Path, monkeypatch) -> None:

@@ -86,13 +86,19 @@ def atomic_path(path: str | Path, is_dir: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside `path`; on success rename it into place, else remove it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    # A run killed mid-write left a temporary beside this output, or (between the two renames
+    # of a directory swap) only the old copy: put that back, drop the rest. DVC's repo lock
+    # keeps two writers of one output from running at once.
+    old = path.with_name(f".{path.name}.old")
+    if old.is_dir() and not path.exists():
+        os.replace(old, path)
+    for stale in [*path.parent.glob(f".{path.name}.*.tmp"), old]:
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     target = tmp if is_dir else tmp / path.name
     try:
         yield target
         if path.is_dir() and not path.is_symlink():
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
             os.replace(path, old)
             os.replace(target, path)
             shutil.rmtree(old, ignore_errors=True)

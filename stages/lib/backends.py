@@ -15,7 +15,7 @@ from typing import Protocol
 
 import torch
 
-from .config import SampleBackend, SampleConfig
+from .config import SampleBackend, SampleConfig, SecurityConfig
 from .errors import PipelineError
 from .generation import SamplingSpec, generate
 from .models import check_model_dir, load_model
@@ -46,15 +46,17 @@ class HFSampler:
 class VLLMSampler:
     backend = "vllm"
 
-    def __init__(self, model_dir: str | Path, gpu_memory_utilization: float):
+    def __init__(self, model_dir: str | Path, gpu_memory_utilization: float,
+                 security: SecurityConfig = SecurityConfig()):
         reason = vllm_unavailable()
         if reason:
             raise PipelineError(f"sample.backend: vllm cannot run here: {reason}")
         from vllm import LLM
 
-        model_dir = str(check_model_dir(model_dir))
+        model_dir = str(check_model_dir(model_dir, security))
         self.llm = LLM(
-            model=model_dir, tokenizer=model_dir, trust_remote_code=False, load_format="safetensors",
+            model=model_dir, tokenizer=model_dir, trust_remote_code=security.trust_remote_code,
+            load_format="auto" if security.allow_pickle_weights else "safetensors",
             gpu_memory_utilization=gpu_memory_utilization, seed=0,
         )
 
@@ -90,10 +92,10 @@ def resolve_backend(requested: SampleBackend) -> SampleBackend:
     return requested
 
 
-def open_sampler(model_dir: str | Path, cfg: SampleConfig) -> Sampler:
+def open_sampler(model_dir: str | Path, cfg: SampleConfig, security: SecurityConfig = SecurityConfig()) -> Sampler:
     """The configured engine, loaded with the model in `model_dir`."""
     backend = resolve_backend(cfg.backend)
     log.info("sampling backend: %s", backend.value)
     if backend == SampleBackend.vllm:
-        return VLLMSampler(model_dir, cfg.gpu_memory_utilization)
-    return HFSampler(*load_model(model_dir))
+        return VLLMSampler(model_dir, cfg.gpu_memory_utilization, security)
+    return HFSampler(*load_model(model_dir, security=security))

@@ -158,6 +158,15 @@ class EvaluateConfig(_Section):
     batch_size: int = Field(1024, ge=1)
 
 
+class SecurityConfig(_Section):
+    """What loading a model directory may do; both off unless the user turns them on."""
+
+    trust_remote_code: bool = Field(False, description="run Python code shipped inside a model directory")
+    allow_pickle_weights: bool = Field(
+        False, description="load pickle (*.bin) weights when a model directory has no safetensors"
+    )
+
+
 class TrackingConfig(_Section):
     enabled: bool = True
     experiment: str = Field("self-improve", min_length=1)
@@ -188,6 +197,7 @@ class Params(_Section):
     train: TrainConfig = TrainConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
     tracking: TrackingConfig = TrackingConfig()
+    security: SecurityConfig = SecurityConfig()
     loop: dict[str, IterationLink]
 
     @model_validator(mode="after")

@@ -16,7 +16,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
 from .artifacts import ArtifactError, atomic_path
-from .config import LoraConfig, ModelShape
+from .config import LoraConfig, ModelShape, SecurityConfig
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 # Printable ASCII plus newline and tab: enough for arithmetic and for plain-text prompts.
@@ -59,25 +59,51 @@ def build_tiny_model(shape: ModelShape, tokenizer: PreTrainedTokenizerBase, seed
     return LlamaForCausalLM(config)
 
 
-def check_model_dir(path: str | Path) -> Path:
-    """Refuse a directory that is not a safetensors HF model, naming what is wrong."""
+def check_model_dir(path: str | Path, security: SecurityConfig = SecurityConfig()) -> Path:
+    """Refuse a directory that is not a loadable HF model under `security`, naming what is wrong."""
     path = Path(path)
     if not path.is_dir():
         raise ArtifactError(f"{path}: model directory not found")
     if not (path / "config.json").is_file():
         raise ArtifactError(f"{path}: no config.json, not a Hugging Face model directory")
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ArtifactError(f"{path}/config.json: not valid JSON ({err})") from None
+    if not isinstance(config, dict):
+        raise ArtifactError(f"{path}/config.json: expected a JSON object")
+    if "auto_map" in config and not security.trust_remote_code:
+        raise ArtifactError(f"{path}: the model ships its own code (auto_map in config.json); "
+                            "set security.trust_remote_code: true only if you trust it")
     if not any(path.glob("*.safetensors")):
-        hint = " (only pickle weights found; convert them to safetensors)" if any(path.glob("*.bin")) else ""
-        raise ArtifactError(f"{path}: no *.safetensors weights{hint}")
+        pickles = any(path.glob("*.bin")) or any(path.glob("*.pt"))
+        if not pickles:
+            raise ArtifactError(f"{path}: no *.safetensors weights")
+        if not security.allow_pickle_weights:
+            raise ArtifactError(f"{path}: only pickle weights found (*.bin); convert them to safetensors, "
+                                "or set security.allow_pickle_weights: true if you trust them")
     return path
 
 
-def load_model(path: str | Path, device: str | None = None) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
-    path = check_model_dir(path)
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
-    model = AutoModelForCausalLM.from_pretrained(
-        path, local_files_only=True, trust_remote_code=False, use_safetensors=True, dtype=torch.float32
-    )
+def load_model(
+    path: str | Path, device: str | None = None, security: SecurityConfig = SecurityConfig()
+) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    """A causal LM and its tokenizer from a local directory; never from a hub."""
+    path = check_model_dir(path, security)
+    safetensors_only = not security.allow_pickle_weights
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            path, local_files_only=True, trust_remote_code=security.trust_remote_code
+        )
+        model = AutoModelForCausalLM.from_pretrained(
+            path, local_files_only=True, trust_remote_code=security.trust_remote_code,
+            use_safetensors=True if safetensors_only else None, dtype=torch.float32,
+        )
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ArtifactError(f"{path}: cannot load as a causal language model ({first})") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
     model.to(device or default_device())
     model.eval()
     return model, tokenizer

@@ -1,0 +1,38 @@
+"""The stages of dvc.yaml in dependency order, iterations unrolled from params.yaml `loop`.
+
+Read from the two files only (no Prefect, no stage code), so the flow, the tests and the
+benchmarks agree with DVC on what runs and in which order.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import yaml
+
+STEPS = ("evolve", "sample", "judge", "pairs", "train", "evaluate")
+
+
+def _loop(repo: Path) -> dict:
+    return yaml.safe_load((repo / "params.yaml").read_text(encoding="utf-8")).get("loop") or {}
+
+
+def stage_order(repo: Path) -> list[str]:
+    """DVC stage names in dependency order, e.g. prepare, evaluate_base, evolve@it1, ..., report."""
+    return ["prepare", "evaluate_base"] + [f"{s}@{it}" for it in _loop(repo) for s in STEPS] + ["report"]
+
+
+def stage_commands(repo: Path) -> list[tuple[str, list[str]]]:
+    """(stage name, argv) for every stage in order, with `${key}` / `${item.prev}` filled in."""
+    spec = yaml.safe_load((repo / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
+    loop = _loop(repo)
+    out = []
+    for name in stage_order(repo):
+        stage, _, it = name.partition("@")
+        if it:
+            cmd = spec[stage]["do"]["cmd"].replace("${key}", it).replace("${item.prev}", loop[it]["prev"])
+        else:
+            cmd = spec[stage]["cmd"]
+        out.append((name, shlex.split(cmd)))
+    return out
