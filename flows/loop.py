@@ -12,9 +12,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from filelock import FileLock, Timeout
 from prefect import flow, get_run_logger, task
 
 from .dag import stage_order
+
+
+class WorkspaceBusy(RuntimeError):
+    """Another loop flow holds this workspace."""
 
 
 def _run_name() -> str:
@@ -44,12 +49,27 @@ def repro_stage(stage: str, repo: str) -> None:
         raise RuntimeError(f"dvc repro -s {stage} exited with {proc.returncode}")
 
 
+def workspace_lock(repo: str | Path) -> FileLock:
+    """One loop flow per workspace: a second one is refused at once instead of interleaving.
+
+    (Within one stage, DVC's own repo lock already keeps `dvc repro` runs apart.)
+    """
+    path = Path(repo) / ".dvc" / "tmp" / "self-improve-flow.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(path, timeout=0)
+
+
 @flow(name="self-improve-loop", log_prints=True)
 def self_improve_loop(repo: str = ".") -> list[str]:
     """Run every stage of the loop in dependency order; returns the stage names."""
     stages = stage_order(Path(repo))
-    for stage in stages:
-        repro_stage(stage, repo)
+    try:
+        with workspace_lock(repo):
+            for stage in stages:
+                repro_stage(stage, repo)
+    except Timeout:
+        raise WorkspaceBusy(f"another self-improve flow is running on {Path(repo).resolve()}; "
+                            "wait for it, or run this one in its own clone") from None
     return stages
 
 

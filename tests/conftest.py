@@ -41,6 +41,26 @@ def tiny_full() -> dict:
     return deep_merge(yaml.safe_load((ROOT / "params.yaml").read_text()), TINY)
 
 
+@pytest.fixture(scope="session")
+def tok():
+    from stages.lib.models import build_char_tokenizer
+
+    return build_char_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def trained(tok):
+    """A tiny model trained a little so its greedy outputs depend on the prompt (do not train it further)."""
+    from stages.lib.config import ModelShape
+    from stages.lib.models import build_tiny_model
+    from stages.lib.training import Schedule, train_sft
+
+    model = build_tiny_model(ModelShape(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tok, 0)
+    prompts = [f"{a}+{b}=" for a in range(10, 40) for b in range(10, 20)]
+    train_sft(model, tok, prompts, [str(eval(p[:-1])) for p in prompts], Schedule(3e-3, 60), 32, 0)
+    return model
+
+
 @pytest.fixture
 def tiny_raw() -> dict:
     return copy.deepcopy(TINY)
@@ -53,8 +73,11 @@ def tiny_params_file(tmp_path, tiny_raw) -> Path:
     return path
 
 
+# Fixed names and dates: two copies of the same files get the same commit, hence the same
+# provenance (git sha) in their artifacts.
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@localhost",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@localhost"}
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@localhost",
+           "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z"}
 
 
 def git_copy(dest: Path, params: dict, env: dict) -> None:
@@ -66,5 +89,5 @@ def git_copy(dest: Path, params: dict, env: dict) -> None:
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / rel, dest / rel)
     (dest / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "tiny"]):
+    for cmd in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"], ["git", "commit", "-qm", "tiny"]):
         subprocess.run(cmd, cwd=dest, env={**env, **GIT_ENV}, check=True)

@@ -9,26 +9,12 @@ import yaml
 
 from stages import sample as sample_stage
 from stages.lib.backends import HFSampler, open_sampler, resolve_backend, vllm_unavailable
-from stages.lib.config import ModelShape, SampleBackend, SampleConfig
+from stages.lib.config import SampleBackend, SampleConfig
 from stages.lib.errors import PipelineError
 from stages.lib.generation import SamplingSpec, encode_for_training, generate, memory_cap, score
-from stages.lib.models import build_char_tokenizer, build_tiny_model, save_model
-from stages.lib.training import Schedule, train_sft
+from stages.lib.models import save_model
 
 NO_VLLM = vllm_unavailable()
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_char_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def trained(tok):
-    model = build_tiny_model(ModelShape(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tok, 0)
-    prompts = [f"{a}+{b}=" for a in range(10, 40) for b in range(10, 20)]
-    train_sft(model, tok, prompts, [str(eval(p[:-1])) for p in prompts], Schedule(3e-3, 60), 32, 0)
-    return model
 
 
 @pytest.fixture(scope="module")

@@ -55,3 +55,15 @@ def test_flow_runs_every_stage_as_a_task(tmp_path, prefect_harness):
     out = subprocess.run([sys.executable, "-m", "dvc", "status"], cwd=tmp_path, capture_output=True, text=True,
                          env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
     assert "up to date" in out.stdout, out.stdout
+
+
+def test_a_second_flow_on_the_same_workspace_is_refused(tmp_path, prefect_harness):
+    from flows.loop import WorkspaceBusy, self_improve_loop, workspace_lock
+
+    git_copy(tmp_path, tiny_full(), dict(os.environ))
+    with workspace_lock(tmp_path):  # as a running flow holds it
+        state = self_improve_loop(str(tmp_path), return_state=True)
+    assert state.is_failed()
+    with pytest.raises(WorkspaceBusy, match="another self-improve flow is running"):
+        state.result()
+    assert not (tmp_path / "data" / "task").exists()  # nothing ran

@@ -3,26 +3,12 @@
 import pytest
 import torch
 
-from stages.lib.config import LoraConfig, ModelShape
+from stages.lib.config import LoraConfig
 from stages.lib.generation import SamplingSpec, encode_for_training, generate, token_logprobs
-from stages.lib.models import (attach_lora, build_char_tokenizer, build_tiny_model, check_model_dir,
+from stages.lib.models import (attach_lora, check_model_dir,
                                load_model, merge_lora, save_model)
 from stages.lib.artifacts import ArtifactError
 from stages.lib.training import Schedule, train_sft
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_char_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def trained(tok):
-    """A tiny model trained a little so its greedy outputs depend on the prompt."""
-    model = build_tiny_model(ModelShape(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tok, 0)
-    prompts = [f"{a}+{b}=" for a in range(10, 40) for b in range(10, 20)]
-    train_sft(model, tok, prompts, [str(eval(p[:-1])) for p in prompts], Schedule(3e-3, 60), 32, 0)
-    return model
 
 
 def test_char_tokenizer_roundtrip(tok):

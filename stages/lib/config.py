@@ -230,8 +230,10 @@ def _describe(err: ValidationError, source: str) -> str:
     elif kind == "missing":
         msg = "missing key"
     else:
-        msg = first["msg"]
-        if "input" in first and kind not in ("model_type", "dict_type"):
+        msg = first["msg"].removeprefix("Value error, ")
+        if kind == "value_error" and not first["loc"]:
+            return f"{source}: {msg}"  # a cross-key check names its keys itself
+        if "input" in first and kind not in ("model_type", "dict_type", "value_error"):
             msg += f" (got {first['input']!r})"
     more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
     return f"{source}: {key}: {msg}{more}"

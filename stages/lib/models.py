@@ -12,6 +12,7 @@ import string
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
@@ -99,7 +100,7 @@ def load_model(
             path, local_files_only=True, trust_remote_code=security.trust_remote_code,
             use_safetensors=True if safetensors_only else None, dtype=torch.float32,
         )
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as err:
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ArtifactError(f"{path}: cannot load as a causal language model ({first})") from None
     if tokenizer.pad_token_id is None:

@@ -7,6 +7,7 @@ stage runs the same and `NoOpTracker` swallows the calls. The store defaults to 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
@@ -39,7 +40,20 @@ class MlflowTracker:
         self.experiment = experiment
         self.uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
 
+    def _store_lock(self) -> contextlib.AbstractContextManager:
+        """A lock beside a SQLite store: MLflow creating (migrating) a new store is not safe
+        against a second process doing the same, so loggers take turns."""
+        if not self.uri.startswith("sqlite:///"):
+            return contextlib.nullcontext()
+        from filelock import FileLock
+
+        return FileLock(self.uri.removeprefix("sqlite:///") + ".lock", timeout=600)
+
     def log_loop(self, name, params, iterations, artifacts, tags) -> str:
+        with self._store_lock():
+            return self._log_loop(name, params, iterations, artifacts, tags)
+
+    def _log_loop(self, name, params, iterations, artifacts, tags) -> str:
         """Log the loop; each iteration dict has `iteration`, `step` and numeric metrics."""
         import mlflow
 
