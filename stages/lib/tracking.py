@@ -19,6 +19,13 @@ log = logging.getLogger(__name__)
 DEFAULT_URI = "sqlite:///mlflow.db"
 
 
+def default_uri() -> str:
+    """The SQLite store at the repo root. DVC sets DVC_ROOT to the user's repo, also while
+    `dvc exp run --temp` runs the loop in a temporary copy, so experiments land in one store."""
+    root = os.environ.get("DVC_ROOT")
+    return f"sqlite:///{Path(root).resolve() / 'mlflow.db'}" if root else DEFAULT_URI
+
+
 class Tracker(Protocol):
     def log_loop(
         self,
@@ -38,7 +45,7 @@ class NoOpTracker:
 class MlflowTracker:
     def __init__(self, experiment: str, uri: str | None = None):
         self.experiment = experiment
-        self.uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+        self.uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or default_uri()
 
     def _store_lock(self) -> contextlib.AbstractContextManager:
         """A lock beside a SQLite store: MLflow creating (migrating) a new store is not safe
