@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install loop flow test bench clean-state
+.PHONY: install loop flow test bench mlflow-ui clean-state
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -27,6 +27,9 @@ test: install  ## the test suite (unit, in-process pipeline, real dvc repro on a
 
 bench: install  ## where the time goes: the loop, orchestration, sampling (figures in reports/benchmark.json)
 	$(PY) -m benchmarks.bench --out reports/benchmark.json
+
+mlflow-ui: install  ## the MLflow UI on this repo's store: http://127.0.0.1:5000
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000
 
 clean-state:  ## remove generated state (data, MLflow store); DVC's cache stays
 	rm -rf data/it* data/task mlflow.db mlruns mlartifacts

@@ -35,7 +35,11 @@ def repro_stage(stage: str, repo: str) -> None:
     """`dvc repro -s` one stage, streaming its output to the Prefect logs."""
     logger = get_run_logger()
     # The stages' `python` must be this interpreter, whether or not the venv is activated.
-    env = {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    from prefect.runtime import flow_run
+
+    env = {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+           # the report stage tags its MLflow runs with the flow run that made them
+           "SELF_IMPROVE_FLOW_RUN_ID": str(flow_run.id or ""), "SELF_IMPROVE_FLOW_RUN_NAME": str(flow_run.name or "")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "dvc", "repro", "-s", stage],
         cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

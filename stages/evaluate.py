@@ -60,6 +60,7 @@ def iteration_metrics(judgments: pd.DataFrame, pairs: pd.DataFrame, sft: pd.Data
         "num_samples": int(len(judgments)),
         "num_pairs": int(len(pairs)),
         "num_sft": int(len(sft)),
+        "response_length": float(judgments["response"].str.len().mean()) if len(judgments) else None,
         **{k: v for k, v in train.items() if isinstance(v, (int, float))},
     }
 

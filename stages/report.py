@@ -1,8 +1,10 @@
 """Stage `report`: the loop at a glance, and its record in MLflow.
 
-reports/summary.md (a table across iterations, the change from the base, the plots),
-PNG plots, and a per-iteration CSV that `dvc plots show` renders. Then one MLflow parent run
-for the loop with a child run per iteration (metrics at step = iteration).
+reports/summary.md (a table across iterations, the change from the base, the plots, and the best
+and worst judged samples of each iteration), PNG plots, and a per-iteration CSV that
+`dvc plots show` renders. Then one MLflow parent run for the loop (named after the DVC
+experiment or the Prefect flow run) with a child run per iteration: metrics at step = iteration,
+its prompts and pairs as dataset inputs, example tables, and the reports as artifacts.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pandas as pd
 from .lib import artifacts as art
 from .lib.cli import note_timing, run_stage
 from .lib.config import ConfigError, Params, flatten
-from .lib.tracking import make_tracker
+from .lib.tracking import IterationRecord, LoopRecord, make_tracker
 
 log = logging.getLogger(__name__)
 
@@ -32,13 +34,17 @@ COLUMNS = [
     ("sample_accuracy", "sample acc"),
     ("num_pairs", "pairs"),
     ("num_sft", "best samples"),
+    ("response_length", "resp. length"),
     ("train_loss", "train loss"),
 ]
 PLOTS = {
     "accuracy.png": ("Accuracy per iteration", ["accuracy", "maj_accuracy", "ttt_accuracy"]),
     "judge.png": ("Self-judge quality (vs verifier)", ["judge_accuracy", "label_accuracy", "sample_accuracy"]),
-    "reward.png": ("Self-reward and training data", ["reward_mean"]),
+    "reward.png": ("Self-reward", ["reward_mean"]),
+    "pairs.png": ("Training data per iteration", ["num_pairs", "num_sft"]),
+    "length.png": ("Mean response length (characters)", ["response_length"]),
 }
+EXAMPLES = 3  # best and worst judged samples shown per iteration
 
 
 def load_metrics(paths: list[str], params: Params) -> pd.DataFrame:
@@ -53,14 +59,48 @@ def load_metrics(paths: list[str], params: Params) -> pd.DataFrame:
 
 
 def _fmt(v) -> str:
-    if v is None or (isinstance(v, float) and pd.isna(v)):
+    if v is None or (not isinstance(v, str) and pd.isna(v)):
         return "–"
     if isinstance(v, float) and not float(v).is_integer():
         return f"{v:.3f}"
     return str(int(v)) if isinstance(v, float) else str(v)
 
 
-def summary_markdown(df: pd.DataFrame, params: Params, figures: list[str]) -> str:
+def examples(judgments: pd.DataFrame, n: int = EXAMPLES) -> pd.DataFrame:
+    """The `n` best and `n` worst judged samples (no verdict: left out); ties by sample id."""
+    scored = judgments.dropna(subset=["reward"]).assign(reward=lambda d: d["reward"].astype(float))
+    best = scored.sort_values(["reward", "sample_id"], ascending=[False, True]).head(n).assign(rank="best")
+    worst = scored.sort_values(["reward", "sample_id"], ascending=[True, True]).head(n).assign(rank="worst")
+    cols = ["rank", "sample_id", "prompt", "response", "reward", "label", "correct"]
+    return pd.concat([best, worst])[cols].reset_index(drop=True)
+
+
+def pair_examples(pairs: pd.DataFrame, n: int = 5) -> pd.DataFrame:
+    cols = ["prompt_id", "prompt", "chosen", "rejected", "chosen_reward", "rejected_reward",
+            "chosen_correct", "rejected_correct"]
+    return pairs.sort_values("prompt_id").head(n)[cols].reset_index(drop=True)
+
+
+def _cell(v) -> str:
+    text = _fmt(v) if not isinstance(v, str) else repr(v)[1:-1]
+    return text.replace("|", "\\|")
+
+
+def examples_markdown(per_iteration: dict[str, pd.DataFrame]) -> list[str]:
+    lines = ["## Best and worst judged samples", "",
+             "Per iteration, the samples its self-judge scored highest and lowest (`verifier`: the "
+             "ground truth, never seen by the judge).", ""]
+    for it, ex in per_iteration.items():
+        lines += [f"### {it}", "", "| | prompt | response | reward | label | verifier |", "|---|---|---|---|---|---|"]
+        for _, r in ex.iterrows():
+            lines.append("| " + " | ".join(_cell(r[k]) for k in ("rank", "prompt", "response", "reward",
+                                                                   "label", "correct")) + " |")
+        lines.append("")
+    return lines
+
+
+def summary_markdown(df: pd.DataFrame, params: Params, figures: list[str],
+                     per_iteration: dict[str, pd.DataFrame] | None = None) -> str:
     cols = [(k, label) for k, label in COLUMNS if k in df.columns]
     lines = [
         "# Self-improvement loop: summary",
@@ -86,6 +126,8 @@ def summary_markdown(df: pd.DataFrame, params: Params, figures: list[str]) -> st
     for key, label in COLUMNS[:3]:
         lines.append(f"- {label}: {first[key]:.3f} -> {last[key]:.3f} ({100 * (last[key] - first[key]):+.1f} points)")
     lines += [""] + [f"![{f}]({f})" for f in figures] + [""]
+    if per_iteration:
+        lines += examples_markdown(per_iteration)
     return "\n".join(lines)
 
 
@@ -116,30 +158,76 @@ def plot(df: pd.DataFrame, out_dir: Path) -> list[str]:
 
 def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics", nargs="+", required=True, help="in: reports/<it>/metrics.json, it0 first")
+    p.add_argument("--prompts", nargs="*", default=[], help="in: data/<it>/prompts.parquet, it1 first")
+    p.add_argument("--judgments", nargs="*", default=[], help="in: data/<it>/judgments.parquet, it1 first")
+    p.add_argument("--pairs", nargs="*", default=[], help="in: data/<it>/pairs.parquet, it1 first")
     p.add_argument("--summary", required=True, help="out: markdown summary")
     p.add_argument("--figures", required=True, help="out: directory of PNG plots")
     p.add_argument("--table", required=True, help="out: per-iteration CSV for `dvc plots show`")
 
 
+def run_identity() -> tuple[str, dict[str, str]]:
+    """The parent run's name and tags: the DVC experiment, else the Prefect flow run, else `loop`."""
+    exp = os.environ.get("DVC_EXP_NAME", "")
+    flow_run = os.environ.get("SELF_IMPROVE_FLOW_RUN_ID", "")
+    flow_name = os.environ.get("SELF_IMPROVE_FLOW_RUN_NAME", "")
+    name = exp or (f"prefect-{flow_name}" if flow_name else "") or "loop"
+    tags = {"git_commit": art.git_sha() or "", "dvc_experiment": exp}
+    if flow_run:
+        tags.update(prefect_flow_run_id=flow_run, prefect_flow_run_name=flow_name)
+    return name, tags
+
+
+def _per_iteration(args: argparse.Namespace, params: Params) -> dict[str, dict[str, tuple[pd.DataFrame, str]]]:
+    """{iteration: {"prompts" | "judgments" | "pairs": (rows, path)}} for the loop's iterations."""
+    lists = {"prompts": (args.prompts, art.PROMPTS), "judgments": (args.judgments, art.JUDGMENTS),
+             "pairs": (args.pairs, art.PAIRS)}
+    its = list(params.loop)
+    out: dict[str, dict[str, tuple[pd.DataFrame, str]]] = {it: {} for it in its}
+    for kind, (paths, schema) in lists.items():
+        if paths and len(paths) != len(its):
+            raise ConfigError(f"report: {len(paths)} --{kind} files for {len(its)} iterations {its}; "
+                              "dvc.yaml's report stage must list one per iteration")
+        for it, path in zip(its, paths):
+            out[it][kind] = (art.read_table(path, schema), str(Path(path).resolve()))
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     def body(args: argparse.Namespace, params: Params) -> None:
         df = load_metrics(args.metrics, params)
+        data = _per_iteration(args, params)
+        shown = {it: examples(d["judgments"][0]) for it, d in data.items() if "judgments" in d}
         figures = Path(args.figures)
         with art.atomic_path(figures, is_dir=True) as tmp:
             tmp.mkdir(parents=True, exist_ok=True)
             names = plot(df, tmp)
         rel = [os.path.relpath(figures / n, Path(args.summary).parent) for n in names]
         with art.atomic_path(args.summary) as tmp:
-            tmp.write_text(summary_markdown(df, params, rel), encoding="utf-8")
+            tmp.write_text(summary_markdown(df, params, rel, shown), encoding="utf-8")
         keep = ["iteration", "step"] + [k for k, _ in COLUMNS if k in df.columns]
         with art.atomic_path(args.table) as tmp:
             df[keep].to_csv(tmp, index=False)
+
         started = time.perf_counter()
-        tracker = make_tracker(params.tracking)
-        name = os.environ.get("DVC_EXP_NAME") or "loop"
-        tags = {"git_commit": art.git_sha() or "", "dvc_experiment": os.environ.get("DVC_EXP_NAME", "")}
-        run_id = tracker.log_loop(name, flatten(params), df.to_dict("records"),
-                                  [Path(args.summary), figures, Path(args.table)], tags)
+        name, tags = run_identity()
+        records = []
+        for row in df.to_dict("records"):
+            it = row["iteration"]
+            d = data.get(it, {})
+            tables = {f"examples/{it}_judged.json": shown[it]} if it in shown else {}
+            if "pairs" in d:
+                tables[f"examples/{it}_pairs.json"] = pair_examples(d["pairs"][0])
+            records.append(IterationRecord(
+                iteration=it, step=int(row["step"]),
+                metrics={k: float(v) for k, v in row.items()
+                         if isinstance(v, (int, float)) and v == v and k != "step"},
+                datasets=[(kind, d[kind][0], d[kind][1]) for kind in ("prompts", "pairs") if kind in d],
+                tables=tables,
+            ))
+        record = LoopRecord(name, flatten(params), tags, records,
+                            [Path(args.summary), figures, Path(args.table)])
+        run_id = make_tracker(params.tracking).log_loop(record)
         note_timing("tracking_seconds", time.perf_counter() - started)
         if run_id:
             log.info("MLflow parent run %s (%s)", run_id, name)

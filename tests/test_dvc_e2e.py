@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from scripts.mlflow_compare import chromium, screenshot
+
 from .conftest import deep_merge, git_copy, tiny_full
 
 pytestmark = pytest.mark.e2e
@@ -59,6 +61,13 @@ def test_noop_and_single_stage_rerun(repo):
     work, env, _ = repo
     out = sh(["dvc", "repro"], work, env)
     assert "Running stage" not in out and "up to date" in out
+    plots = json.loads(sh(["dvc", "plots", "show", "--json"], work, env))
+    assert {"accuracy", "judge", "reward", "pairs", "length"} <= set(plots["data"])
+    for name in ("accuracy", "judge", "reward", "pairs", "length"):
+        png = (work / "reports" / "figures" / f"{name}.png").read_bytes()
+        assert png.startswith(b"\x89PNG") and len(png) > 5000
+    summary = (work / "reports" / "summary.md").read_text()
+    assert "## Best and worst judged samples" in summary and "### it3" in summary
     before = (work / "data/it2/judgments.parquet").read_bytes()
     out = sh(["dvc", "repro", "-s", "-f", "judge@it2"], work, env)
     assert "Running stage 'judge@it2'" in out and out.count("Running stage") == 1
@@ -104,9 +113,9 @@ def test_sigkill_anywhere_then_repro_gives_the_same_artifacts(repo, tmp_path):
     work, _, _ = repo
     baseline = _outputs(work)
     kill = tmp_path / "kill"
-    kill.mkdir()
     env = _env(kill)
-    git_copy(kill, PARAMS, env)  # the same files, hence the same commit and provenance
+    # a clone: the same commit, hence the same provenance in every artifact
+    subprocess.run(["git", "clone", "-q", str(work), str(kill)], check=True)
     outs = [kill / "data" / f"it{i}" / n for i in range(4) for n in
             ("model", "prompts.parquet", "samples.parquet", "judgments.parquet", "pairs.parquet", "sft.parquet",
              "train_metrics.json")] + [kill / "data/task/heldout.parquet", kill / "data/task/ttt.parquet"]
@@ -159,8 +168,23 @@ def test_mlflow_parent_and_child_runs(repo):
     history = client.get_metric_history(parents[0].info.run_id, "ttt_accuracy")
     assert sorted(m.step for m in history) == [0, 1, 2, 3]
     it2 = next(r for r in children if r.data.tags["iteration"] == "it2")
-    assert {"judge_accuracy", "reward_mean", "num_pairs"} <= set(it2.data.metrics)
-    assert parents[0].data.params["judge.method"] == "co_reward"
+    assert {"judge_accuracy", "reward_mean", "num_pairs", "response_length"} <= set(it2.data.metrics)
+    parent = parents[0]
+    assert parent.data.params["judge.method"] == "co_reward" and parent.data.params["train.lora.r"] == "16"
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=work, capture_output=True, text=True).stdout.strip()
+    assert parent.info.run_name == "loop" and parent.data.tags["git_commit"] == sha
+    assert "dvc_experiment" in parent.data.tags
+    for child in children:
+        it = child.data.tags["iteration"]
+        inputs = {(d.dataset.name, d.tags[0].value) for d in child.inputs.dataset_inputs}
+        assert inputs == (set() if it == "it0" else {(f"{it}-prompts", "prompts"), (f"{it}-pairs", "pairs")})
+        if it != "it0":
+            assert [a.path for a in client.list_artifacts(child.info.run_id, "examples")] == \
+                [f"examples/{it}_judged.json", f"examples/{it}_pairs.json"]
+    top = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"summary.md", "figures", "iterations.csv", "examples"} <= top
+    figures = {a.path for a in client.list_artifacts(parent.info.run_id, "figures")}
+    assert figures == {f"figures/{n}" for n in ("accuracy.png", "judge.png", "reward.png", "pairs.png", "length.png")}
 
 
 def test_experiment_with_override(repo):
@@ -169,3 +193,16 @@ def test_experiment_with_override(repo):
     shown = json.loads(sh(["dvc", "exp", "show", "--json"], work, env))
     names = [e.get("name") for b in shown for e in (b.get("experiments") or []) for e in e.get("revs", [])]
     assert "k3" in names, shown
+    # the experiment's results are in the workspace: `dvc metrics diff` against HEAD shows them
+    diff = json.loads(sh(["dvc", "metrics", "diff", "--json"], work, env))
+    assert "num_samples" in diff["reports/it1/metrics.json"]  # k = 3 instead of 4
+
+
+@pytest.mark.skipif(chromium() is None, reason="headless Chromium not installed (apt-get install chromium)")
+def test_mlflow_ui_compares_two_loops_in_chromium(repo):
+    """The MLflow UI's run comparison of two loops (the main run and experiment k3), rendered."""
+    work, env, _ = repo
+    out = work / "reports" / "mlflow_compare.png"
+    dom = screenshot(env["MLFLOW_TRACKING_URI"], "e2e", ["loop", "k3"], out)
+    assert "Comparing 2 Runs" in dom
+    assert out.read_bytes().startswith(b"\x89PNG") and out.stat().st_size > 10_000

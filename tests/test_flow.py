@@ -22,12 +22,17 @@ def prefect_harness():
         yield
 
 
-def test_flow_runs_every_stage_as_a_task(tmp_path, prefect_harness):
+def test_flow_runs_every_stage_as_a_task(tmp_path, prefect_harness, monkeypatch):
     from prefect.client.orchestration import get_client
 
     from flows.loop import self_improve_loop, stage_order
 
-    git_copy(tmp_path, tiny_full(), dict(os.environ))
+    from .conftest import deep_merge
+
+    git_copy(tmp_path, deep_merge(tiny_full(), {"tracking": {"enabled": True, "experiment": "flow"}}),
+             dict(os.environ))
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
 
     state = self_improve_loop(str(tmp_path), return_state=True)
     assert state.is_completed(), state
@@ -55,6 +60,15 @@ def test_flow_runs_every_stage_as_a_task(tmp_path, prefect_harness):
     out = subprocess.run([sys.executable, "-m", "dvc", "status"], cwd=tmp_path, capture_output=True, text=True,
                          env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
     assert "up to date" in out.stdout, out.stdout
+    # the loop's MLflow parent run is named after the flow run and tagged with its id
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    parents = [r for r in client.search_runs([client.get_experiment_by_name("flow").experiment_id])
+               if "mlflow.parentRunId" not in r.data.tags]
+    assert len(parents) == 1
+    assert parents[0].data.tags["prefect_flow_run_id"] == str(state.state_details.flow_run_id)
+    assert parents[0].info.run_name.startswith("prefect-")
 
 
 def test_a_second_flow_on_the_same_workspace_is_refused(tmp_path, prefect_harness):

@@ -221,9 +221,9 @@ def test_two_loops_logging_at_once_leave_a_sound_mlflow_store(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     code = (
         "import sys\n"
-        "from stages.lib.tracking import MlflowTracker\n"
-        "its = [{'iteration': f'it{i}', 'step': i, 'accuracy': 0.1 * i} for i in range(4)]\n"
-        "MlflowTracker('race', sys.argv[1]).log_loop(sys.argv[2], {'seed': 0}, its, [], {})\n"
+        "from stages.lib.tracking import IterationRecord, LoopRecord, MlflowTracker\n"
+        "its = [IterationRecord(f'it{i}', i, {'accuracy': 0.1 * i}) for i in range(4)]\n"
+        "MlflowTracker('race', sys.argv[1]).log_loop(LoopRecord(sys.argv[2], {'seed': 0}, {}, its))\n"
     )
     procs = [subprocess.Popen([sys.executable, "-c", code, uri, f"loop{i}"], cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]

@@ -10,8 +10,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+import pandas as pd
 
 from .config import TrackingConfig
 
@@ -26,19 +29,34 @@ def default_uri() -> str:
     return f"sqlite:///{Path(root).resolve() / 'mlflow.db'}" if root else DEFAULT_URI
 
 
+@dataclass
+class IterationRecord:
+    """What MLflow gets for one iteration (a child run)."""
+
+    iteration: str
+    step: int
+    metrics: dict[str, float]
+    datasets: list[tuple[str, pd.DataFrame, str]] = field(default_factory=list)  # (context, rows, source path)
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # artifact file -> rows
+
+
+@dataclass
+class LoopRecord:
+    """What MLflow gets for one loop (the parent run)."""
+
+    name: str
+    params: dict[str, Any]
+    tags: dict[str, str]
+    iterations: list[IterationRecord]
+    artifacts: list[Path] = field(default_factory=list)
+
+
 class Tracker(Protocol):
-    def log_loop(
-        self,
-        name: str,
-        params: dict[str, Any],
-        iterations: list[dict[str, Any]],
-        artifacts: list[Path],
-        tags: dict[str, str],
-    ) -> str | None: ...
+    def log_loop(self, record: LoopRecord) -> str | None: ...
 
 
 class NoOpTracker:
-    def log_loop(self, name, params, iterations, artifacts, tags) -> None:
+    def log_loop(self, record: LoopRecord) -> None:
         return None
 
 
@@ -56,27 +74,32 @@ class MlflowTracker:
 
         return FileLock(self.uri.removeprefix("sqlite:///") + ".lock", timeout=600)
 
-    def log_loop(self, name, params, iterations, artifacts, tags) -> str:
+    def log_loop(self, record: LoopRecord) -> str:
         with self._store_lock():
-            return self._log_loop(name, params, iterations, artifacts, tags)
+            return self._log_loop(record)
 
-    def _log_loop(self, name, params, iterations, artifacts, tags) -> str:
-        """Log the loop; each iteration dict has `iteration`, `step` and numeric metrics."""
+    def _log_loop(self, record: LoopRecord) -> str:
+        """Parent run with every metric at step = iteration; a child run per iteration with its
+        prompts and pairs as dataset inputs and its example tables; the reports as artifacts."""
         import mlflow
 
         mlflow.set_tracking_uri(self.uri)
         mlflow.set_experiment(self.experiment)
-        with mlflow.start_run(run_name=name, tags=tags) as parent:
-            mlflow.log_params({k: str(v) for k, v in params.items()})
-            for it in iterations:
-                metrics = {k: float(v) for k, v in it.items()
-                           if isinstance(v, (int, float)) and v == v and k != "step"}
-                mlflow.log_metrics(metrics, step=int(it["step"]))
-                with mlflow.start_run(run_name=f"{name}/{it['iteration']}", nested=True,
-                                      tags={**tags, "iteration": it["iteration"]}):
-                    mlflow.log_params({"iteration": it["iteration"], "step": it["step"]})
-                    mlflow.log_metrics(metrics, step=int(it["step"]))
-            for path in artifacts:
+        with mlflow.start_run(run_name=record.name, tags=record.tags) as parent:
+            mlflow.log_params({k: str(v) for k, v in record.params.items()})
+            for it in record.iterations:
+                mlflow.log_metrics(it.metrics, step=it.step)
+                with mlflow.start_run(run_name=f"{record.name}/{it.iteration}", nested=True,
+                                      tags={**record.tags, "iteration": it.iteration}):
+                    mlflow.log_params({"iteration": it.iteration, "step": it.step})
+                    mlflow.log_metrics(it.metrics, step=it.step)
+                    for context, rows, source in it.datasets:
+                        ds = mlflow.data.from_pandas(rows, source=source, name=f"{it.iteration}-{context}")
+                        mlflow.log_input(ds, context=context)
+                    for name, rows in it.tables.items():
+                        mlflow.log_table(rows, artifact_file=name)
+                        mlflow.log_table(rows, artifact_file=name, run_id=parent.info.run_id)
+            for path in record.artifacts:
                 if path.is_dir():
                     mlflow.log_artifacts(str(path), artifact_path=path.name)
                 elif path.is_file():
