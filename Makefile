@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install loop flow test bench mlflow-ui clean-state
+.PHONY: install loop flow serve test bench mlflow-ui clean-state
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -21,6 +21,9 @@ loop: install  ## run the whole loop: base model, then iterations it1..it3
 
 flow: install  ## the same loop as a Prefect flow: one task per stage, same DVC cache
 	$(PY) -m flows.loop
+
+serve: install  ## serve the loop as a deployment for the Prefect UI (needs PREFECT_API_URL of a running server)
+	$(PY) -m flows.serve
 
 test: install  ## the test suite (unit, in-process pipeline, real dvc repro on a tiny config)
 	$(PY) -m pytest

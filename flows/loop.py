@@ -1,19 +1,35 @@
 """The loop as a Prefect flow: each task runs one DVC stage (`dvc repro -s <stage>@<iteration>`).
 
 DVC stays the only DAG and cache, so work done by `dvc repro` is not redone here and the reverse.
-Run it with `python -m flows.loop` (an ephemeral Prefect server starts if none is configured).
-This module imports neither stage code nor models.
+Run it with `python -m flows.loop` (an ephemeral Prefect server starts if none is configured), or
+serve it for the Prefect UI with `python -m flows.serve`. The flow's parameters are typed, so the
+UI renders a form and refuses bad values before anything runs.
+
+A run with no overrides works in the repo itself (one flow per workspace at a time). A run with
+overrides, or with an experiment name, works in a git worktree of HEAD under `.dvc/tmp/flows/`
+that shares the repo's DVC cache, so stages whose inputs did not change are checked out, not
+rerun, and the user's working copy is never touched; it ends as a named DVC experiment
+(`dvc exp show`) and its MLflow runs go to the repo's store, tagged with the flow run.
+This module imports neither stage code nor models (only the params schema). Its annotations are
+real objects, not strings: a served flow is loaded from its file, and Prefect builds the
+parameter model from them.
 """
 
-from __future__ import annotations
-
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Annotated, Optional
 
+import yaml
 from filelock import FileLock, Timeout
 from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from pydantic import Field
+
+from stages.lib.config import Algorithm, EvolveStrategy, JudgeMethod, parse_params
 
 from .dag import stage_order
 
@@ -31,15 +47,16 @@ def _run_name() -> str:
 
 
 @task(task_run_name=_run_name, retries=2, retry_delay_seconds=[5, 30])
-def repro_stage(stage: str, repo: str) -> None:
+def repro_stage(stage: str, repo: str, env_extra: Optional[dict[str, str]] = None) -> None:
     """`dvc repro -s` one stage, streaming its output to the Prefect logs."""
     logger = get_run_logger()
-    # The stages' `python` must be this interpreter, whether or not the venv is activated.
     from prefect.runtime import flow_run
 
+    # The stages' `python` must be this interpreter, whether or not the venv is activated; the
+    # report stage tags its MLflow runs with the flow run that made them.
     env = {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
-           # the report stage tags its MLflow runs with the flow run that made them
-           "SELF_IMPROVE_FLOW_RUN_ID": str(flow_run.id or ""), "SELF_IMPROVE_FLOW_RUN_NAME": str(flow_run.name or "")}
+           "SELF_IMPROVE_FLOW_RUN_ID": str(flow_run.id or ""), "SELF_IMPROVE_FLOW_RUN_NAME": str(flow_run.name or ""),
+           **(env_extra or {})}
     proc = subprocess.Popen(
         [sys.executable, "-m", "dvc", "repro", "-s", stage],
         cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -63,17 +80,138 @@ def workspace_lock(repo: str | Path) -> FileLock:
     return FileLock(path, timeout=0)
 
 
-@flow(name="self-improve-loop", log_prints=True)
-def self_improve_loop(repo: str = ".") -> list[str]:
-    """Run every stage of the loop in dependency order; returns the stage names."""
-    stages = stage_order(Path(repo))
+# (params.yaml key, flow parameter) for every override the form offers
+OVERRIDES = {
+    "judge_method": "judge.method",
+    "train_algorithm": "train.algorithm",
+    "evolve_strategy": "evolve.strategy",
+    "samples_per_prompt": "sample.k",
+    "temperature": "sample.temperature",
+    "epochs": "train.epochs",
+    "seed": "seed",
+}
+
+
+def apply_overrides(raw: dict, values: dict) -> dict:
+    """params.yaml with the given overrides, validated as a whole (a bad mix is refused by key)."""
+    out = json.loads(json.dumps(raw))
+    for param, value in values.items():
+        *parents, leaf = OVERRIDES[param].split(".")
+        node = out
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value.value if hasattr(value, "value") else value
+    parse_params(out, "params.yaml with the flow's overrides")
+    return out
+
+
+def _git(args: list[str], cwd: Path) -> str:
+    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args)} failed in {cwd}: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def _dvc(args: list[str], cwd: Path) -> str:
+    proc = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"dvc {' '.join(args)} failed in {cwd}: {(proc.stderr or proc.stdout).strip()}")
+    return proc.stdout
+
+
+def make_worktree(repo: Path, name: str, params: dict) -> Path:
+    """A git worktree of HEAD that shares the repo's DVC cache, with `params` as its params.yaml."""
+    work = repo / ".dvc" / "tmp" / "flows" / name
+    if work.exists():
+        raise WorkspaceBusy(f"{work} exists: a flow run named {name!r} is running or was killed "
+                            f"(remove it with `git worktree remove --force {work}`)")
+    work.parent.mkdir(parents=True, exist_ok=True)
+    _git(["worktree", "add", "--quiet", "--detach", str(work), "HEAD"], repo)
+    _dvc(["config", "--local", "cache.dir", str((repo / ".dvc" / "cache").resolve())], work)
+    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
+    return work
+
+
+def _iteration_markdown(metrics: dict) -> str:
+    rows = "\n".join(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |"
+                     for k, v in sorted(metrics.items()))
+    return f"# {metrics.get('iteration')}: metrics\n\n| metric | value |\n|---|---|\n{rows}\n"
+
+
+def _publish(workdir: Path, stage: str, rows: list[dict]) -> None:
+    """After an evaluate stage: that iteration's metrics as a markdown artifact."""
+    name, _, it = stage.partition("@")
+    if name not in ("evaluate", "evaluate_base"):
+        return
+    path = workdir / "reports" / (it or "it0") / "metrics.json"
+    metrics = json.loads(path.read_text(encoding="utf-8"))
+    rows.append(metrics)
+    create_markdown_artifact(markdown=_iteration_markdown(metrics), key=f"metrics-{it or 'it0'}",
+                             description=f"metrics of iteration {it or 'it0'}")
+
+
+@flow(name="self-improve-loop", log_prints=True, validate_parameters=True)
+def self_improve_loop(
+    repo: str = ".",
+    judge_method: Optional[JudgeMethod] = None,
+    train_algorithm: Optional[Algorithm] = None,
+    evolve_strategy: Optional[EvolveStrategy] = None,
+    samples_per_prompt: Optional[Annotated[int, Field(ge=1, le=64, description="sample.k")]] = None,
+    temperature: Optional[Annotated[float, Field(gt=0, le=2, description="sample.temperature")]] = None,
+    epochs: Optional[Annotated[int, Field(ge=1, le=100, description="train.epochs")]] = None,
+    seed: Optional[Annotated[int, Field(ge=0, description="seed")]] = None,
+    experiment_name: Optional[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$",
+                                                   description="DVC experiment name")]] = None,
+) -> list[str]:
+    """Run every stage of the loop in dependency order; returns the stage names.
+
+    Leave every override empty to run on the repo's own params.yaml, in the repo.
+    """
+    from prefect.runtime import flow_run
+
+    root = Path(repo).resolve()
+    given = {k: v for k, v in locals().items() if k in OVERRIDES and v is not None}
+    isolated = bool(given) or experiment_name is not None
+    raw = yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8"))
+    params = apply_overrides(raw, given)  # refused here, before any stage runs
+    if not isolated:
+        try:
+            with workspace_lock(root):
+                return _run_stages(root, {}, [])
+        except Timeout:
+            raise WorkspaceBusy(f"another self-improve flow is running on {root}; "
+                                "wait for it, or give it overrides or an experiment name to run it "
+                                "in its own worktree") from None
+    name = experiment_name or f"flow-{flow_run.name or 'run'}"
+    logger = get_run_logger()
+    if name in _dvc(["exp", "list", "--name-only"], root).split():
+        raise ValueError(f"experiment_name: a DVC experiment {name!r} exists already; "
+                         f"pick another name or remove it (`dvc exp remove {name}`)")
+    work = make_worktree(root, name, params)
+    logger.info("running in worktree %s as experiment %s with %s", work, name, given)
     try:
-        with workspace_lock(repo):
-            for stage in stages:
-                repro_stage(stage, repo)
-    except Timeout:
-        raise WorkspaceBusy(f"another self-improve flow is running on {Path(repo).resolve()}; "
-                            "wait for it, or run this one in its own clone") from None
+        env = {"SELF_IMPROVE_EXPERIMENT": name,
+               "MLFLOW_TRACKING_URI": os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root / 'mlflow.db'}"}
+        stages = _run_stages(work, env, [])
+        _dvc(["exp", "save", "--name", name], work)
+        logger.info("saved as DVC experiment %s: see `dvc exp show`", name)
+        return stages
+    finally:  # the experiment and the DVC cache keep the results; the worktree goes
+        subprocess.run(["git", "worktree", "remove", "--force", str(work)], cwd=root, capture_output=True)
+        shutil.rmtree(work, ignore_errors=True)
+        subprocess.run(["git", "worktree", "prune"], cwd=root, capture_output=True)
+
+
+def _run_stages(workdir: Path, env: dict[str, str], rows: list[dict]) -> list[str]:
+    stages = stage_order(workdir)
+    for stage in stages:
+        repro_stage(stage, str(workdir), env)
+        _publish(workdir, stage, rows)
+    if rows:
+        keys = ["iteration", "accuracy", "maj_accuracy", "ttt_accuracy", "reward_mean", "judge_accuracy",
+                "label_accuracy", "num_pairs"]
+        create_table_artifact(table=[{k: r.get(k) for k in keys} for r in rows], key="iterations",
+                              description="the loop's metrics across iterations")
     return stages
 
 

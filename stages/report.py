@@ -168,7 +168,8 @@ def _args(p: argparse.ArgumentParser) -> None:
 
 def run_identity() -> tuple[str, dict[str, str]]:
     """The parent run's name and tags: the DVC experiment, else the Prefect flow run, else `loop`."""
-    exp = os.environ.get("DVC_EXP_NAME", "")
+    # DVC names `dvc exp run` experiments; a Prefect flow run in its own worktree names its own
+    exp = os.environ.get("DVC_EXP_NAME") or os.environ.get("SELF_IMPROVE_EXPERIMENT", "")
     flow_run = os.environ.get("SELF_IMPROVE_FLOW_RUN_ID", "")
     flow_name = os.environ.get("SELF_IMPROVE_FLOW_RUN_NAME", "")
     name = exp or (f"prefect-{flow_name}" if flow_name else "") or "loop"

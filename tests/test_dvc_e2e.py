@@ -15,7 +15,7 @@ import pytest
 
 from scripts.mlflow_compare import chromium, screenshot
 
-from .conftest import deep_merge, git_copy, tiny_full
+from .conftest import ROOT, deep_merge, git_copy, tiny_full
 
 pytestmark = pytest.mark.e2e
 
@@ -205,4 +205,107 @@ def test_mlflow_ui_compares_two_loops_in_chromium(repo):
     out = work / "reports" / "mlflow_compare.png"
     dom = screenshot(env["MLFLOW_TRACKING_URI"], "e2e", ["loop", "k3"], out)
     assert "Comparing 2 Runs" in dom
+    assert out.read_bytes().startswith(b"\x89PNG") and out.stat().st_size > 10_000
+
+
+def _wait_http(url: str, proc: subprocess.Popen, seconds: int) -> None:
+    import urllib.request
+
+    deadline = time.time() + seconds
+    while True:
+        try:
+            if urllib.request.urlopen(url, timeout=5).status == 200:
+                return
+        except OSError:
+            pass
+        assert proc.poll() is None, f"server exited with {proc.returncode}"
+        assert time.time() < deadline, f"{url} did not answer within {seconds} s"
+        time.sleep(1)
+
+
+@pytest.fixture(scope="module")
+def prefect_server(tmp_path_factory):
+    """A real Prefect server (its own home and database) on a free local port."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    home = tmp_path_factory.mktemp("prefect-home")
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                               "--port", str(port)], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/api/health", server, 300)
+        yield port, env
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+
+
+def test_served_deployment_triggered_with_an_override(repo, prefect_server):
+    """Serve the deployment, trigger it through the API as the UI does (an override), and find
+    the result as a DVC experiment and an MLflow parent run tagged with the flow run; then the
+    flow run and its stage tasks in the Prefect UI, in headless Chromium."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    work, env, _ = repo
+    port, penv = prefect_server
+    served = subprocess.Popen([sys.executable, "-m", "flows.serve", "--repo", str(work)], cwd=ROOT,
+                              env={**env, **penv}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    before = (work / "params.yaml").read_bytes()
+    try:
+        with temporary_settings({PREFECT_API_URL: penv["PREFECT_API_URL"]}):
+            async def trigger():
+                async with get_client() as client:
+                    for _ in range(120):
+                        try:
+                            dep = await client.read_deployment_by_name("self-improve-loop/self-improve")
+                            break
+                        except Exception:  # noqa: BLE001 - not registered yet
+                            await asyncio.sleep(1)
+                    props = dep.parameter_openapi_schema["properties"]
+                    assert {"judge_method", "samples_per_prompt", "experiment_name"} <= set(props)
+                    # what the UI's "Run" with a custom parameter does
+                    run = await client.create_flow_run_from_deployment(
+                        dep.id, parameters={"samples_per_prompt": 3, "experiment_name": "served-k3"})
+                    for _ in range(900):
+                        run = await client.read_flow_run(run.id)
+                        if run.state and run.state.is_final():
+                            return run
+                        await asyncio.sleep(1)
+                    raise AssertionError("the flow run did not finish")
+
+            run = asyncio.run(trigger())
+        assert run.state.is_completed(), run.state
+    finally:
+        os.killpg(served.pid, signal.SIGTERM)
+        served.wait(timeout=60)
+    assert (work / "params.yaml").read_bytes() == before  # the working copy is untouched
+    assert not list((work / ".dvc" / "tmp" / "flows").iterdir())  # the worktree is gone
+    shown = json.loads(sh(["dvc", "exp", "show", "--json"], work, env))
+    names = [e.get("name") for b in shown for e in (b.get("experiments") or []) for e in e.get("revs", [])]
+    assert "served-k3" in names
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    runs = client.search_runs([client.get_experiment_by_name("e2e").experiment_id],
+                              filter_string="tags.prefect_flow_run_id = '%s'" % run.id)
+    assert {r.info.run_name for r in runs if "mlflow.parentRunId" not in r.data.tags} == {"served-k3"}
+
+    if chromium() is None:
+        pytest.skip("headless Chromium not installed (apt-get install chromium)")
+    url = f"http://127.0.0.1:{port}/runs/flow-run/{run.id}"
+    base = [chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+            "--window-size=1600,1100", "--virtual-time-budget=25000"]
+    dom = subprocess.run([*base, "--dump-dom", url], capture_output=True, text=True, timeout=180).stdout
+    assert run.name in dom and "self-improve" in dom and "it1-sample" in dom, dom[-2000:]
+    out = work / "reports" / "prefect_flow_run.png"
+    subprocess.run([*base, f"--screenshot={out}", url], capture_output=True, timeout=180)
     assert out.read_bytes().startswith(b"\x89PNG") and out.stat().st_size > 10_000

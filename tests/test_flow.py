@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -34,6 +36,13 @@ def test_flow_runs_every_stage_as_a_task(tmp_path, prefect_harness, monkeypatch)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
 
+    # Another DVC process holds the repo for the first seconds: the first stage fails on DVC's
+    # lock, is retried after its backoff, and the flow completes.
+    import zc.lockfile
+
+    (tmp_path / ".dvc" / "tmp").mkdir(parents=True, exist_ok=True)
+    held = zc.lockfile.LockFile(str(tmp_path / ".dvc" / "tmp" / "lock"))
+    threading.Timer(10, held.close).start()
     state = self_improve_loop(str(tmp_path), return_state=True)
     assert state.is_completed(), state
     stages = state.result()
@@ -51,9 +60,29 @@ def test_flow_runs_every_stage_as_a_task(tmp_path, prefect_harness, monkeypatch)
                 sort=TaskRunSort.EXPECTED_START_TIME_DESC, limit=200,
             )
 
-    runs = {r.name: r.state.type.value for r in asyncio.run(task_runs())}
+    task_list = asyncio.run(task_runs())
+    runs = {r.name: r.state.type.value for r in task_list}
     assert "it2-judge" in runs and "prepare" in runs
     assert len(runs) == len(stages) and set(runs.values()) == {"COMPLETED"}
+    attempts = {r.name: r.run_count for r in task_list}
+    assert attempts["prepare"] == 2 and attempts["it1-sample"] == 1
+
+    async def artifacts():
+        # by key, the newest version: what the UI's artifact pages show
+        async with get_client() as client:
+            found = {}
+            for key in ("metrics-it0", "metrics-it1", "metrics-it2", "metrics-it3", "iterations"):
+                resp = await client._client.get(f"/artifacts/{key}/latest")
+                assert resp.status_code == 200, (key, resp.text)
+                found[key] = resp.json()
+            return found
+
+    made = asyncio.run(artifacts())
+    flow_run_id = str(state.state_details.flow_run_id)
+    assert {a["flow_run_id"] for a in made.values()} == {flow_run_id}
+    assert made["metrics-it2"]["type"] == "markdown" and "ttt_accuracy" in made["metrics-it2"]["data"]
+    table = made["iterations"]["data"]
+    assert made["iterations"]["type"] == "table" and len(json.loads(table) if isinstance(table, str) else table) == 4
     for it in ("it0", "it1", "it2", "it3"):
         assert (tmp_path / "reports" / it / "metrics.json").is_file()
     # the flow and `dvc repro` share one cache: nothing is left to do

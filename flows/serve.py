@@ -1,0 +1,35 @@
+"""Serve the loop flow as a deployment, so the Prefect UI can trigger it with its parameter form.
+
+    prefect server start                      # the API and UI, http://127.0.0.1:4200
+    PREFECT_API_URL=http://127.0.0.1:4200/api python -m flows.serve
+
+`--limit` caps how many runs of the deployment go at once (runs with overrides each get their own
+worktree; runs without share the repo and take turns on its lock).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .loop import self_improve_loop
+
+DEPLOYMENT = "self-improve"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m flows.serve", description=__doc__.split("\n\n")[0])
+    p.add_argument("--repo", default=".", help="the repo the runs work on (default: here)")
+    p.add_argument("--limit", type=int, default=2, help="runs of the deployment at once")
+    args = p.parse_args(argv)
+    self_improve_loop.serve(
+        name=DEPLOYMENT,
+        parameters={"repo": str(Path(args.repo).resolve())},
+        limit=args.limit,
+        description="The self-improvement loop: every DVC stage of every iteration as a task.",
+        tags=["self-improve"],
+    )
+
+
+if __name__ == "__main__":
+    main()
