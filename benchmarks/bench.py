@@ -63,6 +63,14 @@ def _stage_table(rows: list[dict]) -> dict[str, dict[str, float]]:
     return dict(table)
 
 
+def _split(rows: list[dict], wall: float, outside: str) -> dict:
+    """Wall time inside stage processes vs outside them (the orchestrator), plus MLflow logging."""
+    in_stages = sum(r["process_seconds"] or r["seconds"] for r in rows)
+    mlflow_s = sum(r.get("tracking_seconds", 0.0) for r in rows)
+    return {"stage_process_seconds": round(in_stages, 1), outside: round(wall - in_stages, 1),
+            "mlflow_seconds": round(mlflow_s, 2), "orchestration_share": round((wall - in_stages + mlflow_s) / wall, 4)}
+
+
 def bench_loop(tmp: Path) -> tuple[dict, Path]:
     work = clone(tmp / "loop")
     timings = work / "timings.jsonl"
@@ -70,18 +78,9 @@ def bench_loop(tmp: Path) -> tuple[dict, Path]:
     print("loop: dvc repro in a fresh clone ...", flush=True)
     wall = _run([sys.executable, "-m", "dvc", "repro"], work, env)
     rows = _read_timings(timings)
-    in_stages = sum(r["process_seconds"] or r["seconds"] for r in rows)
-    mlflow_s = sum(r.get("tracking_seconds", 0.0) for r in rows)
     noop = _run([sys.executable, "-m", "dvc", "repro"], work, {**env, "SELF_IMPROVE_TIMINGS": ""})
-    out = {
-        "loop_seconds": round(wall, 1),
-        "stage_process_seconds": round(in_stages, 1),
-        "dvc_seconds": round(wall - in_stages, 1),
-        "mlflow_seconds": round(mlflow_s, 2),
-        "orchestration_share": round((wall - in_stages + mlflow_s) / wall, 4),
-        "noop_repro_seconds": round(noop, 2),
-        "stages": _stage_table(rows),
-    }
+    out = {"loop_seconds": round(wall, 1), **_split(rows, wall, "dvc_seconds"), "noop_repro_seconds": round(noop, 2),
+           "stages": _stage_table(rows)}
     return out, work
 
 
@@ -117,12 +116,8 @@ def bench_flow(tmp: Path) -> dict:
     if proc.returncode != 0:
         return {"error": proc.stderr[-1500:]}
     res = json.loads(proc.stdout.strip().splitlines()[-1])
-    rows = _read_timings(timings)
-    in_stages = sum(r["process_seconds"] or r["seconds"] for r in rows)
-    mlflow_s = sum(r.get("tracking_seconds", 0.0) for r in rows)
     wall = res["flow_seconds"]
-    return {"flow_seconds": round(wall, 1), "tasks": res["tasks"], "stage_process_seconds": round(in_stages, 1),
-            "orchestration_share": round((wall - in_stages + mlflow_s) / wall, 4)}
+    return {"flow_seconds": round(wall, 1), "tasks": res["tasks"], **_split(_read_timings(timings), wall, "dvc_and_prefect_seconds")}
 
 
 def _generated_tokens(tokenizer, outputs: list[list[str]], max_new: int) -> int:

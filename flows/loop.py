@@ -15,6 +15,7 @@ real objects, not strings: a served flow is loaded from its file, and Prefect bu
 parameter model from them.
 """
 
+import copy
 import json
 import os
 import shutil
@@ -94,7 +95,7 @@ OVERRIDES = {
 
 def apply_overrides(raw: dict, values: dict) -> dict:
     """params.yaml with the given overrides, validated as a whole (a bad mix is refused by key)."""
-    out = json.loads(json.dumps(raw))
+    out = copy.deepcopy(raw)
     for param, value in values.items():
         *parents, leaf = OVERRIDES[param].split(".")
         node = out

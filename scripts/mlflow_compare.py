@@ -31,10 +31,26 @@ def chromium() -> str | None:
     return None
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_http(url: str, proc: subprocess.Popen, seconds: float) -> None:
+    """Until `url` answers 200; SystemExit if `proc` (its server) dies or time runs out."""
+    deadline = time.time() + seconds
+    while True:
+        try:
+            if urllib.request.urlopen(url, timeout=5).status == 200:
+                return
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            raise SystemExit(f"the server for {url} exited with {proc.returncode}")
+        if time.time() > deadline:
+            raise SystemExit(f"{url} did not answer within {seconds:.0f} s")
+        time.sleep(1)
 
 
 def parent_runs(uri: str, experiment: str, names: list[str]) -> tuple[str, list[str]]:
@@ -57,7 +73,8 @@ def parent_runs(uri: str, experiment: str, names: list[str]) -> tuple[str, list[
     return exp.experiment_id, [by_name[n] for n in names]
 
 
-def _browse(browser: str, url: str, *extra: str) -> str:
+def browse(browser: str, url: str, *extra: str) -> str:
+    """Headless Chromium on `url` (with e.g. --dump-dom or --screenshot=PATH); its stdout."""
     cmd = [browser, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
            "--hide-scrollbars", "--window-size=1600,1100", "--virtual-time-budget=25000", *extra, url]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=180).stdout
@@ -68,7 +85,7 @@ def screenshot(uri: str, experiment: str, names: list[str], out: Path) -> str:
     if browser is None:
         raise SystemExit("mlflow_compare: headless Chromium not found (apt-get install chromium)")
     exp_id, run_ids = parent_runs(uri, experiment, names)
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", "127.0.0.1",
          "--port", str(port), "--workers", "1"],
@@ -76,24 +93,15 @@ def screenshot(uri: str, experiment: str, names: list[str], out: Path) -> str:
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 180
-        while True:
-            try:
-                if urllib.request.urlopen(f"{base}/health", timeout=5).status == 200:
-                    break
-            except OSError:
-                pass
-            if time.time() > deadline or server.poll() is not None:
-                raise SystemExit("mlflow_compare: the MLflow server did not come up")
-            time.sleep(1)
+        wait_http(f"{base}/health", server, 180)
         query = urllib.parse.urlencode({"runs": json.dumps(run_ids), "experiments": json.dumps([exp_id])})
         url = f"{base}/#/compare-runs?{query}"
-        dom = _browse(browser, url, "--dump-dom")
+        dom = browse(browser, url, "--dump-dom")
         missing = [n for n in names if n not in dom]
         if missing:
             raise SystemExit(f"mlflow_compare: the comparison page did not show {missing}")
         out.parent.mkdir(parents=True, exist_ok=True)
-        _browse(browser, url, f"--screenshot={out.resolve()}")
+        browse(browser, url, f"--screenshot={out.resolve()}")
         if not out.is_file() or out.stat().st_size < 10_000:
             raise SystemExit(f"mlflow_compare: no screenshot written to {out}")
         return dom

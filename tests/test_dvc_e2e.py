@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.mlflow_compare import chromium, screenshot
+from scripts.mlflow_compare import browse, chromium, free_port, screenshot, wait_http
 
 from .conftest import ROOT, deep_merge, git_copy, tiny_full
 
@@ -208,29 +208,10 @@ def test_mlflow_ui_compares_two_loops_in_chromium(repo):
     assert out.read_bytes().startswith(b"\x89PNG") and out.stat().st_size > 10_000
 
 
-def _wait_http(url: str, proc: subprocess.Popen, seconds: int) -> None:
-    import urllib.request
-
-    deadline = time.time() + seconds
-    while True:
-        try:
-            if urllib.request.urlopen(url, timeout=5).status == 200:
-                return
-        except OSError:
-            pass
-        assert proc.poll() is None, f"server exited with {proc.returncode}"
-        assert time.time() < deadline, f"{url} did not answer within {seconds} s"
-        time.sleep(1)
-
-
 @pytest.fixture(scope="module")
 def prefect_server(tmp_path_factory):
     """A real Prefect server (its own home and database) on a free local port."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     home = tmp_path_factory.mktemp("prefect-home")
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
@@ -238,7 +219,7 @@ def prefect_server(tmp_path_factory):
                                "--port", str(port)], env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        _wait_http(f"http://127.0.0.1:{port}/api/health", server, 300)
+        wait_http(f"http://127.0.0.1:{port}/api/health", server, 300)
         yield port, env
     finally:
         os.killpg(server.pid, signal.SIGTERM)
@@ -302,10 +283,8 @@ def test_served_deployment_triggered_with_an_override(repo, prefect_server):
     if chromium() is None:
         pytest.skip("headless Chromium not installed (apt-get install chromium)")
     url = f"http://127.0.0.1:{port}/runs/flow-run/{run.id}"
-    base = [chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-            "--window-size=1600,1100", "--virtual-time-budget=25000"]
-    dom = subprocess.run([*base, "--dump-dom", url], capture_output=True, text=True, timeout=180).stdout
+    dom = browse(chromium(), url, "--dump-dom")
     assert run.name in dom and "self-improve" in dom and "it1-sample" in dom, dom[-2000:]
     out = work / "reports" / "prefect_flow_run.png"
-    subprocess.run([*base, f"--screenshot={out}", url], capture_output=True, timeout=180)
+    browse(chromium(), url, f"--screenshot={out}")
     assert out.read_bytes().startswith(b"\x89PNG") and out.stat().st_size > 10_000
