@@ -48,3 +48,187 @@ def dpo_loss(
         "reward_accuracy": (chosen_reward > rejected_reward).float().detach(),
     }
     return losses.mean(), stats
+
+
+def _pair_rewards(
+    policy_chosen: torch.Tensor,
+    policy_rejected: torch.Tensor,
+    ref_chosen: torch.Tensor,
+    ref_rejected: torch.Tensor,
+    beta: float,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """Implicit rewards beta * (pi - ref) (B,) of both responses and their detached diagnostics."""
+    chosen_reward = beta * (policy_chosen - ref_chosen)
+    rejected_reward = beta * (policy_rejected - ref_rejected)
+    stats = {
+        "chosen_reward": chosen_reward.detach(),
+        "rejected_reward": rejected_reward.detach(),
+        "reward_margin": (chosen_reward - rejected_reward).detach(),
+        "reward_accuracy": (chosen_reward > rejected_reward).float().detach(),
+    }
+    return chosen_reward, rejected_reward, stats
+
+
+def ipo_loss(
+    policy_chosen: torch.Tensor,
+    policy_rejected: torch.Tensor,
+    ref_chosen: torch.Tensor,
+    ref_rejected: torch.Tensor,
+    beta: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """IPO, the squared-loss preference objective of Azar et al. 2023 ("A General Theoretical Paradigm").
+
+    h = (pi_c - ref_c) - (pi_r - ref_r)
+    loss = mean((h - 1 / (2 * beta)) ** 2)
+
+    policy_chosen, policy_rejected, ref_chosen, ref_rejected: (B,) log-probs of each response under
+    the policy and the reference. As in TRL's DPOTrainer (loss_type="ipo"), callers pass
+    length-normalised log-probs (the token mean, not the sum), so the target margin 1/(2 beta) does
+    not depend on the response length. beta > 0 (here it is the regularisation strength tau).
+    Returns the mean loss (scalar) and detached diagnostics like dpo_loss: implicit rewards
+    beta * (pi - ref) (B,), their margin and accuracy.
+    """
+    if beta <= 0:
+        raise ValueError("ipo_loss: beta must be > 0")
+    h = (policy_chosen - ref_chosen) - (policy_rejected - ref_rejected)
+    losses = (h - 1 / (2 * beta)) ** 2
+    _, _, stats = _pair_rewards(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta)
+    return losses.mean(), stats
+
+
+def spin_loss(
+    policy_real: torch.Tensor,
+    policy_generated: torch.Tensor,
+    ref_real: torch.Tensor,
+    ref_generated: torch.Tensor,
+    beta: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """SPIN, self-play fine-tuning (Chen et al. 2024), with the logistic loss.
+
+    loss = -log sigmoid(beta * ((pi_real - ref_real) - (pi_gen - ref_gen)))
+
+    i.e. sigmoid DPO with chosen = the real (reference) answer and rejected = the answer generated
+    by the previous iterate, which is also the reference model; no NLL term.
+    policy_real, policy_generated, ref_real, ref_generated: (B,) summed log-probs.
+    Returns the mean loss (scalar) and dpo_loss's detached diagnostics ("chosen" = real).
+    """
+    return dpo_loss(policy_real, policy_generated, ref_real, ref_generated, beta)
+
+
+def cream_loss(
+    policy_chosen: torch.Tensor,
+    policy_rejected: torch.Tensor,
+    ref_chosen: torch.Tensor,
+    ref_rejected: torch.Tensor,
+    consistency: torch.Tensor,
+    beta: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """CREAM, consistency-regularised self-rewarding DPO (Wang et al. 2024).
+
+    DPO(a, b) = -log sigmoid(beta * ((pi_a - ref_a) - (pi_b - ref_b)))
+    loss = mean(C * DPO(y+, y-) + (1 - C) * DPO(y-, y+))
+
+    With C = 1 this is DPO, with C = 0 DPO on the swapped pair; C = 0.5 pulls the margin towards 0
+    (its gradient vanishes at margin 0), so an unreliable self-reward label is not over-fitted.
+    policy_chosen, policy_rejected, ref_chosen, ref_rejected: (B,) summed log-probs of y+ and y-.
+    consistency: (B,) per-pair consistency C in [0, 1] of the self-rewarding judge (no gradient).
+    Returns the mean loss (scalar) and dpo_loss's detached diagnostics plus the mean consistency.
+    """
+    c = consistency.detach()
+    if c.shape != policy_chosen.shape:
+        raise ValueError(f"cream_loss: consistency shape {tuple(c.shape)} != {tuple(policy_chosen.shape)}")
+    if not bool(((c >= 0) & (c <= 1)).all()):
+        raise ValueError("cream_loss: consistency must lie in [0, 1]")
+    chosen_reward, rejected_reward, stats = _pair_rewards(
+        policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta
+    )
+    margin = chosen_reward - rejected_reward
+    c = c.to(margin.dtype)
+    losses = -c * F.logsigmoid(margin) - (1 - c) * F.logsigmoid(-margin)
+    stats["consistency"] = c.mean()
+    return losses.mean(), stats
+
+
+def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
+    """GRPO group-relative advantages (Shao et al. 2024, DeepSeekMath), normalised as TRL does.
+
+    A_i = (r_i - mean_g(r)) / (std_g(r) + eps), g the group of sample i (all samples for one prompt),
+    std_g the unbiased (n - 1) standard deviation, as torch.std in TRL's GRPOTrainer. A group of one
+    sample, or one whose rewards are all equal, gets advantage exactly 0.
+
+    rewards: (N,) float rewards; group_ids: (N,) integer group ids (any values, any order).
+    Returns (N,) advantages in rewards' dtype, detached (advantages are constants of the loss).
+    """
+    if rewards.dim() != 1 or group_ids.shape != rewards.shape:
+        raise ValueError("group_advantages: rewards and group_ids must both have shape (N,)")
+    r = rewards.detach()
+    if not r.is_floating_point():
+        r = r.float()
+    if r.numel() == 0:
+        return r.clone()
+    _, inv = torch.unique(group_ids, return_inverse=True)
+    n_groups = int(inv.max()) + 1
+    zeros = r.new_zeros(n_groups)
+    count = zeros.index_add(0, inv, torch.ones_like(r))
+    mean = zeros.index_add(0, inv, r) / count
+    dev = r - mean[inv]
+    var = zeros.index_add(0, inv, dev * dev) / (count - 1).clamp(min=1)
+    adv = dev / (var.sqrt()[inv] + eps)
+    gmax = zeros.scatter_reduce(0, inv, r, reduce="amax", include_self=False)
+    gmin = zeros.scatter_reduce(0, inv, r, reduce="amin", include_self=False)
+    flat = (count[inv] < 2) | (gmax[inv] == gmin[inv])
+    return torch.where(flat, torch.zeros_like(adv), adv)
+
+
+def grpo_loss(
+    token_logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float = 0.2,
+    ref_logps: torch.Tensor | None = None,
+    kl_beta: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GRPO clipped surrogate (Shao et al. 2024), token-mean aggregated as TRL's GRPOTrainer ("bnpo").
+
+    ratio = exp(logp - old)
+    per_token = -min(ratio * A, clamp(ratio, 1 - eps, 1 + eps) * A) + kl_beta * kl
+    kl = exp(ref - logp) - (ref - logp) - 1          (k3 estimator of KL(pi || ref), 0 at the reference)
+    loss = sum(per_token * mask) / max(sum(mask), 1)
+
+    token_logps: (B, T) per-token log-probs of the sampled response tokens under the policy,
+    0 where masked. old_logps: (B, T) the same under the sampling policy (treated as constant;
+    equal to token_logps.detach() on the first update). ref_logps: (B, T) the same under the
+    reference model (constant), needed when kl_beta > 0. advantages: (B,) one per sequence,
+    e.g. from group_advantages. mask: (B, T) 1 on response tokens.
+    Returns the loss (scalar) and detached diagnostics over the unmasked tokens: mean kl (0 without
+    ref_logps), clip_fraction (share of tokens where the clipped term is the minimum: ratio > 1 + eps
+    with A > 0 or ratio < 1 - eps with A < 0) and ratio_mean.
+    """
+    if kl_beta > 0 and ref_logps is None:
+        raise ValueError("grpo_loss: kl_beta > 0 needs ref_logps")
+    m = mask.to(token_logps.dtype)
+    on = m > 0
+    zero = torch.zeros_like(token_logps)
+    log_ratio = torch.where(on, token_logps - old_logps.detach(), zero)
+    ratio = torch.exp(log_ratio)
+    adv = advantages.detach().to(token_logps.dtype).unsqueeze(1)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv
+    per_token = -torch.min(unclipped, clipped)
+    if ref_logps is not None:
+        delta = torch.where(on, ref_logps.detach() - token_logps, zero)
+        kl = torch.exp(delta) - delta - 1
+    else:
+        kl = zero
+    if kl_beta > 0:
+        per_token = per_token + kl_beta * kl
+    n = m.sum().clamp(min=1)
+    loss = (per_token * m).sum() / n
+    is_clipped = ((ratio > 1 + clip_eps) & (adv > 0)) | ((ratio < 1 - clip_eps) & (adv < 0))
+    stats = {
+        "kl": ((kl * m).sum() / n).detach(),
+        "clip_fraction": ((is_clipped.to(m.dtype) * m).sum() / n).detach(),
+        "ratio_mean": ((ratio * m).sum() / n).detach(),
+    }
+    return loss, stats

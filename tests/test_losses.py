@@ -1,0 +1,214 @@
+"""Preference and RL losses against their published formulas, written out by hand with `math`."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+import torch
+
+from stages.lib.losses import cream_loss, dpo_loss, group_advantages, grpo_loss, ipo_loss, spin_loss
+
+F64 = torch.float64
+
+# Two pairs: summed log-probs of chosen / rejected under the policy and the reference.
+PC, PR, RC, RR = [-3.0, -5.0], [-4.0, -4.5], [-3.5, -4.0], [-3.8, -4.2]
+
+
+def t(values, grad: bool = False) -> torch.Tensor:
+    return torch.tensor(values, dtype=F64, requires_grad=grad)
+
+
+def log_sigmoid(x: float) -> float:
+    return -math.log1p(math.exp(-x))
+
+
+def dpo_by_hand(pc, pr, rc, rr, beta) -> list[float]:
+    return [-log_sigmoid(beta * ((a - c) - (b - d))) for a, b, c, d in zip(pc, pr, rc, rr)]
+
+
+def test_dpo_matches_formula():
+    beta = 0.1
+    loss, stats = dpo_loss(t(PC), t(PR), t(RC), t(RR), beta)
+    assert loss.item() == pytest.approx(statistics.fmean(dpo_by_hand(PC, PR, RC, RR, beta)), rel=1e-12)
+    assert stats["chosen_reward"].tolist() == pytest.approx([beta * (a - c) for a, c in zip(PC, RC)])
+    assert stats["reward_accuracy"].tolist() == [1.0, 0.0]
+
+
+def test_dpo_with_nll_matches_formula():
+    beta, w, nll = 0.5, 0.7, [1.2, 0.4]
+    loss, _ = dpo_loss(t(PC), t(PR), t(RC), t(RR), beta, chosen_nll=t(nll), nll_weight=w)
+    expected = statistics.fmean(d + w * n for d, n in zip(dpo_by_hand(PC, PR, RC, RR, beta), nll))
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(ValueError):
+        dpo_loss(t(PC), t(PR), t(RC), t(RR), beta, nll_weight=w)
+
+
+def test_dpo_prefers_chosen():
+    ref = t([-4.0])
+    chosen_up, _ = dpo_loss(t([-2.0]), t([-6.0]), ref, ref, 0.1)
+    rejected_up, _ = dpo_loss(t([-6.0]), t([-2.0]), ref, ref, 0.1)
+    assert chosen_up < rejected_up
+
+
+@pytest.mark.parametrize("fn", [dpo_loss, ipo_loss, spin_loss])
+def test_stats_are_detached_and_loss_has_gradient(fn):
+    pc, pr = t(PC, grad=True), t(PR, grad=True)
+    loss, stats = fn(pc, pr, t(RC), t(RR), 0.1)
+    assert loss.requires_grad
+    assert all(not v.requires_grad for v in stats.values())
+    loss.backward()
+    assert pc.grad is not None and pc.grad.abs().sum() > 0
+
+
+def test_ipo_matches_formula():
+    beta = 0.25
+    loss, stats = ipo_loss(t(PC), t(PR), t(RC), t(RR), beta)
+    expected = statistics.fmean(((a - c) - (b - d) - 1 / (2 * beta)) ** 2 for a, b, c, d in zip(PC, PR, RC, RR))
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    assert stats["reward_margin"].tolist() == pytest.approx(
+        [beta * ((a - c) - (b - d)) for a, b, c, d in zip(PC, PR, RC, RR)]
+    )
+    # The optimum sits at h = 1/(2 beta), where the loss and its gradient vanish.
+    pc = t([2.0], grad=True)
+    at_target, _ = ipo_loss(pc, t([0.0]), t([0.0]), t([0.0]), beta)
+    at_target.backward()
+    assert at_target.item() == 0.0 and pc.grad.item() == 0.0
+
+
+def test_spin_is_dpo_real_vs_generated():
+    beta = 0.3
+    loss, stats = spin_loss(t(PC), t(PR), t(RC), t(RR), beta)
+    assert loss.item() == pytest.approx(statistics.fmean(dpo_by_hand(PC, PR, RC, RR, beta)), rel=1e-12)
+    assert stats["chosen_reward"].tolist() == pytest.approx([beta * (a - c) for a, c in zip(PC, RC)])
+
+
+def test_cream_matches_formula():
+    beta, cons = 0.2, [0.9, 0.3]
+    loss, stats = cream_loss(t(PC), t(PR), t(RC), t(RR), t(cons), beta)
+    expected = statistics.fmean(
+        c * -log_sigmoid(beta * ((a - x) - (b - y))) + (1 - c) * -log_sigmoid(beta * ((b - y) - (a - x)))
+        for a, b, x, y, c in zip(PC, PR, RC, RR, cons)
+    )
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    assert not any(v.requires_grad for v in stats.values())
+
+
+def test_cream_extremes_are_dpo_and_swapped_dpo():
+    beta = 0.2
+    ones, zeros = t([1.0, 1.0]), t([0.0, 0.0])
+    c1, _ = cream_loss(t(PC), t(PR), t(RC), t(RR), ones, beta)
+    c0, _ = cream_loss(t(PC), t(PR), t(RC), t(RR), zeros, beta)
+    dpo, _ = dpo_loss(t(PC), t(PR), t(RC), t(RR), beta)
+    swapped, _ = dpo_loss(t(PR), t(PC), t(RR), t(RC), beta)
+    assert c1.item() == pytest.approx(dpo.item(), rel=1e-12)
+    assert c0.item() == pytest.approx(swapped.item(), rel=1e-12)
+
+
+def test_cream_half_consistency_pulls_margin_to_zero():
+    half = t([0.5])
+    # At margin 0 the gradient is exactly 0.
+    pc = t([-4.0], grad=True)
+    loss, _ = cream_loss(pc, t([-4.0]), t([-4.0]), t([-4.0]), half, 1.0)
+    loss.backward()
+    assert pc.grad.item() == 0.0
+    # Elsewhere d loss / d margin = 0.5 * (sigmoid(m) - sigmoid(-m)) = 0.5 * tanh(m / 2): towards 0.
+    pc = t([-3.0], grad=True)
+    loss, _ = cream_loss(pc, t([-4.0]), t([-4.0]), t([-4.0]), half, 1.0)
+    loss.backward()
+    assert pc.grad.item() == pytest.approx(0.5 * math.tanh(0.5), rel=1e-12)
+
+
+def test_cream_rejects_consistency_outside_unit_interval():
+    for bad in ([1.5, 0.5], [-0.1, 0.5], [float("nan"), 0.5]):
+        with pytest.raises(ValueError):
+            cream_loss(t(PC), t(PR), t(RC), t(RR), t(bad), 0.1)
+
+
+def test_group_advantages_unbiased_std():
+    rewards = [1.0, 0.0, 0.0, 1.0, 1.0, 0.5, 0.25]
+    groups = [7, 7, 7, 7, 3, 3, 3]
+    adv = group_advantages(t(rewards), torch.tensor(groups))
+    expected = []
+    for r, g in zip(rewards, groups):
+        members = [x for x, h in zip(rewards, groups) if h == g]
+        mean = sum(members) / len(members)
+        std = math.sqrt(sum((x - mean) ** 2 for x in members) / (len(members) - 1))
+        expected.append((r - mean) / (std + 1e-4))
+    assert adv.tolist() == pytest.approx(expected, rel=1e-12)
+
+
+def test_group_advantages_flat_and_singleton_groups_are_zero():
+    rewards = t([0.1, 0.1, 0.1, 0.7, 1.0, 0.0])
+    adv = group_advantages(rewards, torch.tensor([0, 0, 0, 1, 2, 2]))
+    assert adv[:4].tolist() == [0.0, 0.0, 0.0, 0.0]
+    assert adv[4] > 0 > adv[5]
+
+
+def test_grpo_flat_group_gives_zero_gradient():
+    adv = group_advantages(t([0.5, 0.5]), torch.tensor([0, 0]))
+    logps = t([[-1.0, -2.0], [-0.5, 0.0]], grad=True)
+    mask = t([[1.0, 1.0], [1.0, 0.0]])
+    loss, _ = grpo_loss(logps, logps.detach() - 0.1, adv, mask)
+    loss.backward()
+    assert loss.item() == 0.0
+    assert torch.equal(logps.grad, torch.zeros_like(logps))
+
+
+def test_grpo_matches_formula():
+    lp = [[-1.0, -0.5, -2.0], [-0.3, -1.2, 0.0]]
+    old = [[-1.1, -0.9, -2.0], [-0.2, -1.0, 0.0]]
+    ref = [[-1.3, -0.4, -1.5], [-0.6, -1.1, 0.0]]
+    mask = [[1, 1, 1], [1, 1, 0]]
+    adv, eps, beta = [1.5, -0.8], 0.2, 0.05
+    loss, stats = grpo_loss(t(lp), t(old), t(adv), t(mask), eps, t(ref), beta)
+    terms, kls, clipped = [], [], []
+    for i in range(2):
+        for j in range(3):
+            if not mask[i][j]:
+                continue
+            ratio = math.exp(lp[i][j] - old[i][j])
+            surrogate = min(ratio * adv[i], min(max(ratio, 1 - eps), 1 + eps) * adv[i])
+            d = ref[i][j] - lp[i][j]
+            kl = math.exp(d) - d - 1
+            terms.append(-surrogate + beta * kl)
+            kls.append(kl)
+            clipped.append(ratio * adv[i] > min(max(ratio, 1 - eps), 1 + eps) * adv[i])
+    assert loss.item() == pytest.approx(sum(terms) / len(terms), rel=1e-12)
+    assert stats["kl"].item() == pytest.approx(sum(kls) / len(kls), rel=1e-12)
+    assert stats["clip_fraction"].item() == pytest.approx(sum(clipped) / len(clipped))
+    assert 0 < stats["clip_fraction"].item() < 1
+    with pytest.raises(ValueError):
+        grpo_loss(t(lp), t(old), t(adv), t(mask), kl_beta=0.1)
+
+
+def test_grpo_kl_zero_at_reference():
+    logps = t([[-1.0, -2.0, -0.7]], grad=True)
+    mask = t([[1.0, 1.0, 1.0]])
+    loss, stats = grpo_loss(logps, logps.detach(), t([0.0]), mask, ref_logps=logps.detach(), kl_beta=1.0)
+    loss.backward()
+    assert loss.item() == 0.0 and stats["kl"].item() == 0.0
+    assert torch.equal(logps.grad, torch.zeros_like(logps))
+
+
+def test_grpo_clipped_ratio_has_no_gradient():
+    logps = t([[-0.5, -1.0]], grad=True)
+    old = t([[-1.0, -1.0]])  # ratio e^0.5 > 1.2 on token 0, 1 on token 1
+    loss, stats = grpo_loss(logps, old, t([2.0]), t([[1.0, 0.0]]), clip_eps=0.2)
+    loss.backward()
+    assert loss.item() == pytest.approx(-1.2 * 2.0, rel=1e-12)
+    assert logps.grad.tolist() == [[0.0, 0.0]]
+    assert stats["clip_fraction"].item() == 1.0
+
+
+def test_grpo_on_policy_is_minus_token_weighted_advantage():
+    logps = t([[-1.0, -2.0, -3.0], [-0.5, -0.1, 0.0]], grad=True)
+    mask = t([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    adv = [0.4, -1.0]
+    loss, stats = grpo_loss(logps, logps.detach(), t(adv), mask)
+    assert stats["ratio_mean"].item() == 1.0 and stats["clip_fraction"].item() == 0.0
+    assert loss.item() == pytest.approx(-(3 * adv[0] + 2 * adv[1]) / 5, rel=1e-12)
+    loss.backward()
+    # d/dlogp of -ratio * A at ratio 1 is -A / n_tokens on each unmasked token.
+    assert logps.grad.flatten().tolist() == pytest.approx([-0.4 / 5] * 3 + [1.0 / 5, 1.0 / 5, 0.0])
