@@ -24,14 +24,15 @@ def stage_order(repo: Path) -> list[str]:
 
 
 def stage_commands(repo: Path) -> list[tuple[str, list[str]]]:
-    """(stage name, argv) for every stage in order, with `${key}` / `${item.prev}` filled in."""
+    """(stage name, argv) for every stage in order, with `${key}` / `${item.prev}` / `${item.ref}` filled in."""
     spec = yaml.safe_load((repo / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
     loop = _loop(repo)
     out = []
     for name in stage_order(repo):
         stage, _, it = name.partition("@")
         if it:
-            cmd = spec[stage]["do"]["cmd"].replace("${key}", it).replace("${item.prev}", loop[it]["prev"])
+            cmd = spec[stage]["do"]["cmd"].replace("${key}", it)
+            cmd = cmd.replace("${item.prev}", loop[it]["prev"]).replace("${item.ref}", loop[it]["ref"])
         else:
             cmd = spec[stage]["cmd"]
         out.append((name, shlex.split(cmd)))

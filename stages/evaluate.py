@@ -18,7 +18,7 @@ from .lib.cli import derive_seed, run_stage
 from .lib.backends import Sampler, open_sampler
 from .lib.config import EvaluateConfig, Params
 from .lib.generation import SamplingSpec
-from .lib.judges import judge_quality
+from .lib.judges import REGISTRY, judge_quality
 from .lib.models import set_threads
 from .lib.tasks import extract_answer, verify
 
@@ -50,8 +50,9 @@ def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cf
     return out
 
 
-def iteration_metrics(judgments: pd.DataFrame, pairs: pd.DataFrame, sft: pd.DataFrame, train: dict) -> dict:
-    q = judge_quality(judgments)
+def iteration_metrics(judgments: pd.DataFrame, pairs: pd.DataFrame, sft: pd.DataFrame, train: dict,
+                      verdict: bool = True) -> dict:
+    q = judge_quality(judgments, verdict)
     correct = judgments["correct"].dropna().astype(float)
     return {
         **{k: v for k, v in q.items() if v is not None},
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> None:
                 art.read_table(args.pairs, art.PAIRS),
                 art.read_table(args.sft, art.SFT),
                 train,
+                REGISTRY[params.judge.method].verdict,
             ))
         else:
             metrics.update({k: v for k, v in train.items() if isinstance(v, (int, float))})

@@ -1,21 +1,32 @@
 """Stage `evolve`: the prompts of one iteration.
 
 The test-time problems (their prompts, never their answers, reach the self-judge), fresh
-procedural problems, and, for `eva`, mutations of the previous iteration's most informative
-problems: those whose self-judged rewards spread the most across their samples. Every problem
-comes with equivalent rewrites (same answer) so that rewrite-agreement judges can work.
+procedural problems, and by `evolve.strategy`:
+- `fixed`: the same fresh problems every iteration;
+- `eva`: new fresh problems, plus mutations of the previous iteration's most informative
+  problems: those whose self-judged rewards spread the most across their samples;
+- `sec` (Self-Evolving Curriculum): the fresh problems are drawn per category (carry
+  structure) from a softmax over the categories' values, a non-stationary bandit whose reward is
+  the mean |advantage| of the category's samples last iteration, updated by TD(0).
+The bandit's state is an artifact of each iteration (`--curriculum`), updated under every
+strategy, so a rerun is deterministic and the values can be compared. Every problem comes with
+equivalent rewrites (same answer) so that rewrite-agreement judges can work. For SPIN, prompts of
+the seed data (the base model's SFT set, with its reference answers) are added as posed.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
+from pathlib import Path
 
 import pandas as pd
 
 from .lib import artifacts as art
 from .lib.cli import derive_seed, run_stage, stage_provenance
 from .lib.config import EvolveConfig, EvolveStrategy, Params
+from .lib.curriculum import BanditState, allocate, category_rewards, update
 from .lib.tasks import ArithmeticTask, Problem, make_task
 
 
@@ -39,6 +50,14 @@ def most_informative(judgments: pd.DataFrame, n: int) -> list[str]:
     return sorted(base["prompt"].unique())
 
 
+def next_curriculum(state: BanditState, cfg: EvolveConfig, prev_judgments: pd.DataFrame) -> BanditState:
+    """The bandit after last iteration's samples: TD(0) toward each category's mean |advantage|."""
+    state = dataclasses.replace(state, alpha=cfg.sec_alpha, temperature=cfg.sec_temperature)
+    if prev_judgments.empty:
+        return state
+    return update(state, category_rewards(prev_judgments))
+
+
 def evolve(
     task: ArithmeticTask,
     cfg: EvolveConfig,
@@ -47,6 +66,9 @@ def evolve(
     ttt: pd.DataFrame,
     heldout: pd.DataFrame,
     prev_judgments: pd.DataFrame,
+    curriculum: BanditState | None = None,
+    seed_data: pd.DataFrame | None = None,
+    seed_prompts: int = 0,
 ) -> pd.DataFrame:
     # `fixed` draws the same fresh problems every iteration; `eva` draws new ones each time.
     rng = random.Random(seed if cfg.strategy == EvolveStrategy.eva else derive_seed(seed, "fixed"))
@@ -67,11 +89,33 @@ def evolve(
             q = task.mutate(task.parse(prompt), rng, forbidden)
             if q is not None:
                 take(f"{iteration}-evolved-{i:05d}", "evolved", q)
+    seeds: list[Problem] = []
+    if seed_prompts and seed_data is not None and len(seed_data):
+        posed = sorted(set(seed_data["prompt"]))
+        for prompt in rng.sample(posed, min(seed_prompts, len(posed))):
+            p = task.parse(prompt)
+            if p not in taken and p.unordered not in forbidden:
+                taken.add(p)
+                seeds.append(p)
     pool = [p for p in task.all_problems() if p.unordered not in forbidden and p not in taken]
-    for i, p in enumerate(rng.sample(pool, min(cfg.fresh, len(pool)))):
+    if cfg.strategy == EvolveStrategy.sec:
+        if curriculum is None:
+            raise ValueError("sec needs the curriculum state")
+        counts = allocate(curriculum, cfg.fresh, rng)
+        fresh: list[Problem] = []
+        for cat in sorted(counts):
+            in_cat = [p for p in pool if p.category == cat]
+            fresh += rng.sample(in_cat, min(counts[cat], len(in_cat)))
+    else:
+        fresh = rng.sample(pool, min(cfg.fresh, len(pool)))
+    for i, p in enumerate(fresh):
         take(f"{iteration}-fresh-{i:05d}", "fresh", p)
 
     rows = []
+    for i, p in enumerate(seeds):  # SPIN: as posed in the seed data, no rewrites
+        rows.append({"iteration": iteration, "prompt_id": f"{iteration}-seed-{i:05d}/v0",
+                     "group_id": f"{iteration}-seed-{i:05d}", "variant": 0, "source": "seed",
+                     "category": p.category, "prompt": p.prompt, "answer": p.answer})
     for gid, source, p in problems:
         for v, q in enumerate([p] + task.rewrites(p, cfg.rewrites, rng, forbidden)):
             rows.append(
@@ -94,12 +138,22 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ttt", required=True, help="in: test-time problems")
     p.add_argument("--heldout", required=True, help="in: held-out problems (never posed)")
     p.add_argument("--prev-judgments", required=True, help="in: previous iteration's judgments")
+    p.add_argument("--seed-data", required=True, help="in: the base model's SFT data (SPIN's references)")
+    p.add_argument("--prev-curriculum", required=True, help="in: the bandit state after the previous iteration")
     p.add_argument("--out", required=True, help="out: this iteration's prompts")
+    p.add_argument("--curriculum", required=True, help="out: the bandit state of this iteration (json)")
 
 
 def main(argv: list[str] | None = None) -> None:
     def body(args: argparse.Namespace, params: Params) -> None:
         params.iteration_index(args.iteration)
+        prev = art.read_table(args.prev_judgments, art.JUDGMENTS)
+        try:
+            state = BanditState.from_json(Path(args.prev_curriculum).read_text(encoding="utf-8"), args.prev_curriculum)
+        except OSError as err:
+            raise art.ArtifactError(f"{args.prev_curriculum}: cannot read ({err.strerror})") from None
+        state = next_curriculum(state, params.evolve, prev)
+        n_seed = params.seed_prompts()
         df = evolve(
             make_task(params.task),
             params.evolve,
@@ -107,10 +161,16 @@ def main(argv: list[str] | None = None) -> None:
             derive_seed(params.seed, "evolve", args.iteration),
             art.read_table(args.ttt, art.PROMPTS),
             art.read_table(args.heldout, art.PROMPTS),
-            art.read_table(args.prev_judgments, art.JUDGMENTS),
+            prev,
+            state,
+            art.read_table(args.seed_data, art.SFT) if n_seed else None,
+            n_seed,
         )
         prov = stage_provenance("evolve", args.iteration, params, ("seed", "task", "evolve"), [args.out])
+        prov["seed_prompts"] = n_seed
         art.write_table(df, args.out, art.PROMPTS, prov)
+        with art.atomic_path(args.curriculum) as tmp:
+            tmp.write_text(state.to_json(), encoding="utf-8")
 
     run_stage("evolve", _args, body, argv)
 

@@ -1,18 +1,24 @@
 """Stage `judge`: score every sample with the configured judge (nullable rewards).
 
-The verifier's verdict is stored beside it in `correct`, for measuring judge quality only;
-self-judges never see the ground truth.
+Model-based judges (llm_judge, self_certainty, implicit_reward) read the model that wrote the
+samples (`--model`) and, for implicit_reward and CREAM's consistency, the model before it
+(`--ref-model`). The verifier's verdict is stored beside the reward in `correct`, for measuring
+judge quality only; self-judges never see the ground truth.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
 
 from .lib import artifacts as art
-from .lib.cli import run_stage, stage_provenance
-from .lib.config import Params
-from .lib.judges import judge_quality, judge_samples
+from .lib.cli import derive_seed, run_stage, stage_provenance
+from .lib.config import Algorithm, Params
+from .lib.errors import ConfigError
+from .lib.judges import REGISTRY, JudgeContext, ModelHandle, judge_quality, judge_samples
+from .lib.models import load_model, set_threads
+from .lib.rubric import load_template
 
 log = logging.getLogger(__name__)
 
@@ -20,16 +26,39 @@ log = logging.getLogger(__name__)
 def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iteration", required=True)
     p.add_argument("--samples", required=True, help="in: samples (parquet)")
+    p.add_argument("--model", required=True, help="in: the model that wrote the samples")
+    p.add_argument("--ref-model", required=True, help="in: the model before it (it0 for it1)")
     p.add_argument("--out", required=True, help="out: judgments (parquet)")
 
 
 def main(argv: list[str] | None = None) -> None:
     def body(args: argparse.Namespace, params: Params) -> None:
         params.iteration_index(args.iteration)
+        cfg = params.judge
+        judge = REGISTRY[cfg.method]
+        consistency = params.train.algorithm == Algorithm.cream
+        template = None
+        if judge.needs_template:
+            path = Path(cfg.template)
+            if not path.is_absolute() and not path.exists():
+                path = Path(__file__).resolve().parent.parent / path  # relative to the repo
+            try:
+                template = load_template(path)
+            except (OSError, ValueError) as err:
+                raise ConfigError(f"judge.template: {err}") from None
         samples = art.read_table(args.samples, art.SAMPLES)
-        df = judge_samples(samples, params.judge)
-        log.info("%s: %s", params.judge.method.value, judge_quality(df))
+        ctx = JudgeContext(template=template, seed=derive_seed(params.seed, "judge", args.iteration),
+                           batch_size=params.sample.batch_size)
+        if judge.needs_policy or judge.needs_reference or consistency:
+            set_threads()
+        if judge.needs_policy:
+            ctx.policy = ModelHandle(*load_model(args.model, security=params.security))
+        if judge.needs_reference or consistency:
+            ctx.reference = ModelHandle(*load_model(args.ref_model, security=params.security))
+        df = judge_samples(samples, cfg, ctx, with_consistency=consistency)
+        log.info("%s: %s", cfg.method.value, judge_quality(df, judge.verdict))
         prov = stage_provenance("judge", args.iteration, params, ("seed", "judge"), [args.out])
+        prov["consistency"] = consistency
         art.write_table(df, args.out, art.JUDGMENTS, prov)
 
     run_stage("judge", _args, body, argv)

@@ -1,9 +1,15 @@
-"""Stage `pairs`: preference pairs (DPO family) and best-judged samples (RAFT).
+"""Stage `pairs`: preference pairs (DPO family), best-judged samples (RAFT), groups (GRPO).
 
 Per prompt: chosen = a highest-reward sample, rejected = a lowest-reward one; prompts whose
 rewards tie (or whose margin is not above `min_margin`) and samples without a verdict are
 dropped; chosen and rejected are never the same text. Ties within the best or worst set are
-broken by a seeded RNG.
+broken by a seeded RNG. CREAM's consistency travels with each pair.
+
+For `spin` the pairs are SPIN's instead: on the seed-data prompts (source `seed`, as posed),
+chosen = the seed data's reference answer, rejected = one of the model's own samples that
+differs from it. Groups (GRPO): every scored sample of a prompt whose rewards are not all equal,
+with its group-relative advantage (r - mean) / (std + eps), std unbiased as in GRPO/TRL; a group
+whose rewards are all equal carries no gradient and is left out.
 """
 
 from __future__ import annotations
@@ -11,11 +17,18 @@ from __future__ import annotations
 import argparse
 import random
 
+import numpy as np
 import pandas as pd
 
 from .lib import artifacts as art
 from .lib.cli import derive_seed, run_stage, stage_provenance
-from .lib.config import PairsConfig, Params
+from .lib.config import Algorithm, PairsConfig, Params
+
+ADVANTAGE_EPS = 1e-4
+
+
+def _value(x) -> float | None:
+    return None if x is None or pd.isna(x) else float(x)
 
 
 def build(judgments: pd.DataFrame, cfg: PairsConfig, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -43,8 +56,44 @@ def build(judgments: pd.DataFrame, cfg: PairsConfig, seed: int) -> tuple[pd.Data
         pairs.append({"iteration": c["iteration"], "prompt_id": pid, "prompt": c["prompt"],
                       "chosen": c["response"], "rejected": w["response"],
                       "chosen_reward": hi, "rejected_reward": lo,
-                      "chosen_correct": c["correct"], "rejected_correct": w["correct"]})
+                      "chosen_correct": c["correct"], "rejected_correct": w["correct"],
+                      "consistency": _value(c.get("consistency"))})
     return pd.DataFrame(pairs, columns=art.PAIRS.names), pd.DataFrame(best, columns=art.SFT.names)
+
+
+def spin_pairs(judgments: pd.DataFrame, seed: int) -> pd.DataFrame:
+    """SPIN: (reference answer, own sample) on the seed-data prompts as posed."""
+    rng = random.Random(seed)
+    real = judgments[(judgments["source"] == "seed") & (judgments["variant"] == 0)]
+    rows = []
+    for pid, group in real.sort_values(["prompt_id", "sample_id"]).groupby("prompt_id", sort=False):
+        reference = group["answer"].iloc[0]
+        if not isinstance(reference, str):
+            continue
+        own = [r for r in group.to_dict("records") if r["response"] != reference]
+        if not own:
+            continue  # the model already writes the reference: nothing to contrast
+        w = own[rng.randrange(len(own))]
+        rows.append({"iteration": w["iteration"], "prompt_id": pid, "prompt": w["prompt"],
+                     "chosen": reference, "rejected": w["response"],
+                     "chosen_reward": None, "rejected_reward": _value(w["reward"]),
+                     "chosen_correct": 1.0, "rejected_correct": _value(w["correct"]), "consistency": None})
+    return pd.DataFrame(rows, columns=art.PAIRS.names)
+
+
+def groups(judgments: pd.DataFrame) -> pd.DataFrame:
+    """GRPO groups: scored samples of prompts whose rewards differ, with their advantages."""
+    scored = judgments.dropna(subset=["reward"]).sort_values(["prompt_id", "sample_id"])
+    out = []
+    for _, g in scored.groupby("prompt_id", sort=False):
+        r = g["reward"].astype(float).to_numpy()
+        if len(r) < 2 or np.all(r == r[0]):
+            continue
+        adv = (r - r.mean()) / (r.std(ddof=1) + ADVANTAGE_EPS)
+        out.append(g.assign(reward=r, advantage=adv)[art.GROUPS.names])
+    if not out:
+        return art.empty_table(art.GROUPS)
+    return pd.concat(out, ignore_index=True)
 
 
 def _args(p: argparse.ArgumentParser) -> None:
@@ -52,16 +101,23 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--judgments", required=True, help="in: judgments (parquet)")
     p.add_argument("--pairs", required=True, help="out: preference pairs (parquet)")
     p.add_argument("--sft", required=True, help="out: best-judged samples (parquet)")
+    p.add_argument("--groups", required=True, help="out: GRPO groups with advantages (parquet)")
 
 
 def main(argv: list[str] | None = None) -> None:
     def body(args: argparse.Namespace, params: Params) -> None:
         params.iteration_index(args.iteration)
         judgments = art.read_table(args.judgments, art.JUDGMENTS)
-        pairs, best = build(judgments, params.pairs, derive_seed(params.seed, "pairs", args.iteration))
-        prov = stage_provenance("pairs", args.iteration, params, ("seed", "pairs"), [args.pairs, args.sft])
+        seed = derive_seed(params.seed, "pairs", args.iteration)
+        pairs, best = build(judgments, params.pairs, seed)
+        if params.train.algorithm == Algorithm.spin:
+            pairs = spin_pairs(judgments, seed)
+        outs = [args.pairs, args.sft, args.groups]
+        prov = stage_provenance("pairs", args.iteration, params, ("seed", "pairs"), outs)
+        prov["spin"] = params.train.algorithm == Algorithm.spin
         art.write_table(pairs, args.pairs, art.PAIRS, prov)
         art.write_table(best, args.sft, art.SFT, prov)
+        art.write_table(groups(judgments), args.groups, art.GROUPS, prov)
 
     run_stage("pairs", _args, body, argv)
 

@@ -9,6 +9,7 @@ base model's SFT data, the base model, and an empty judgment table for iteration
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ from .lib.cli import derive_seed, run_stage, stage_provenance
 from .lib.config import Params
 from .lib.models import build_char_tokenizer, build_tiny_model, default_device, save_model, set_threads
 from .lib.tasks import Problem, make_task
+from .lib.curriculum import initial_state
 from .lib.training import Schedule, TrainLog, train_sft
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,7 @@ class Prepared:
     model: object
     tokenizer: object
     log: TrainLog
+    init_model: object  # the same model before its warm-up: it1's reference
 
 
 def prepare(params: Params, progress: bool = True) -> Prepared:
@@ -56,6 +59,7 @@ def prepare(params: Params, progress: bool = True) -> Prepared:
     heldout, ttt, train = task.split(derive_seed(params.seed, "split"), cfg.train_size)
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(cfg.model, tokenizer, derive_seed(params.seed, "init")).to(default_device())
+    init_model = copy.deepcopy(model)
     n_params = sum(p.numel() for p in model.parameters())
     log.info("base model: %d parameters, %d SFT problems, %d steps", n_params, len(train), cfg.steps)
     sched = Schedule(cfg.lr, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
@@ -73,7 +77,8 @@ def prepare(params: Params, progress: bool = True) -> Prepared:
             "correct": 1.0,
         }
     )
-    return Prepared(problems_frame(heldout, "heldout"), problems_frame(ttt, "ttt"), seed_sft, model, tokenizer, train_log)
+    return Prepared(problems_frame(heldout, "heldout"), problems_frame(ttt, "ttt"), seed_sft, model, tokenizer,
+                    train_log, init_model)
 
 
 def _args(p: argparse.ArgumentParser) -> None:
@@ -81,8 +86,10 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ttt", required=True, help="out: test-time eval set (parquet)")
     p.add_argument("--seed-data", required=True, help="out: the base model's SFT data (parquet)")
     p.add_argument("--model", required=True, help="out: base model directory")
+    p.add_argument("--init-model", required=True, help="out: the base model before its warm-up")
     p.add_argument("--judgments", required=True, help="out: iteration 0's (empty) judgments")
     p.add_argument("--metrics", required=True, help="out: base training metrics (json)")
+    p.add_argument("--curriculum", required=True, help="out: the initial curriculum bandit state (json)")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -96,7 +103,10 @@ def main(argv: list[str] | None = None) -> None:
         art.write_table(out.seed_sft, args.seed_data, art.SFT, prov)
         art.write_table(art.empty_table(art.JUDGMENTS), args.judgments, art.JUDGMENTS, prov)
         art.write_json(out.log.summary(), args.metrics)
+        with art.atomic_path(args.curriculum) as tmp:
+            tmp.write_text(initial_state(make_task(params.task).categories).to_json(), encoding="utf-8")
         save_model(out.model, out.tokenizer, args.model, prov)
+        save_model(out.init_model, out.tokenizer, args.init_model, prov)
 
     run_stage("prepare", _args, body, argv)
 

@@ -20,6 +20,7 @@ import pandas as pd
 from .lib import artifacts as art
 from .lib.cli import note_timing, run_stage
 from .lib.config import ConfigError, Params, flatten
+from .lib.quality import reward_hacking_alarm
 from .lib.tracking import IterationRecord, LoopRecord, make_tracker
 
 log = logging.getLogger(__name__)
@@ -30,8 +31,11 @@ COLUMNS = [
     ("ttt_accuracy", "test-time acc"),
     ("reward_mean", "self-reward"),
     ("judge_accuracy", "judge acc"),
+    ("judge_auc", "judge AUC"),
     ("label_accuracy", "label acc"),
     ("sample_accuracy", "sample acc"),
+    ("judged_share", "judged"),
+    ("parse_failure_rate", "parse fail"),
     ("num_pairs", "pairs"),
     ("num_sft", "best samples"),
     ("response_length", "resp. length"),
@@ -39,12 +43,30 @@ COLUMNS = [
 ]
 PLOTS = {
     "accuracy.png": ("Accuracy per iteration", ["accuracy", "maj_accuracy", "ttt_accuracy"]),
-    "judge.png": ("Self-judge quality (vs verifier)", ["judge_accuracy", "label_accuracy", "sample_accuracy"]),
+    "judge.png": ("Self-judge quality (vs verifier)",
+                  ["judge_accuracy", "judge_auc", "label_accuracy", "sample_accuracy"]),
     "reward.png": ("Self-reward", ["reward_mean"]),
     "pairs.png": ("Training data per iteration", ["num_pairs", "num_sft"]),
     "length.png": ("Mean response length (characters)", ["response_length"]),
 }
 EXAMPLES = 3  # best and worst judged samples shown per iteration
+MIX = "mix_"  # column prefix of the category mix: share of an iteration's prompts per category
+
+
+def category_mix(prompts: pd.DataFrame) -> dict[str, float]:
+    """Share of the iteration's prompts in each category (null category: "(none)")."""
+    if prompts.empty:
+        return {}
+    shares = prompts["category"].fillna("(none)").value_counts(normalize=True)
+    return {f"{MIX}{k}": float(v) for k, v in sorted(shares.items())}
+
+
+def alarms(df: pd.DataFrame) -> list[str]:
+    """Reward-hacking alarms: self-reward up while judge quality or held-out accuracy went down."""
+    keys = ["iteration", "reward_mean", "judge_accuracy", "judge_auc", "accuracy"]
+    history = [{k: (None if pd.isna(r.get(k)) else r.get(k)) for k in keys if k in r}
+               for r in df.to_dict("records")]
+    return reward_hacking_alarm(history)
 
 
 def load_metrics(paths: list[str], params: Params) -> pd.DataFrame:
@@ -100,7 +122,8 @@ def examples_markdown(per_iteration: dict[str, pd.DataFrame]) -> list[str]:
 
 
 def summary_markdown(df: pd.DataFrame, params: Params, figures: list[str],
-                     per_iteration: dict[str, pd.DataFrame] | None = None) -> str:
+                     per_iteration: dict[str, pd.DataFrame] | None = None,
+                     alarm: list[str] | None = None) -> str:
     cols = [(k, label) for k, label in COLUMNS if k in df.columns]
     lines = [
         "# Self-improvement loop: summary",
@@ -114,7 +137,13 @@ def summary_markdown(df: pd.DataFrame, params: Params, figures: list[str],
         "prompts, never their answers (TTRL's protocol).",
         "- **judge acc**: agreement of the self-judge's verdicts with the verifier on the iteration's "
         "samples; **label acc**: share of its pseudo-labels that are right; **sample acc**: share of "
-        "the policy's own samples that are right (the gap the judge must beat).",
+        "the policy's own samples that are right (the gap the judge must beat); **judge AUC**: ROC AUC "
+        "of the self-reward against correctness; **judged**: share of samples with a verdict; **parse "
+        "fail**: share of llm_judge outputs without a well-formed score (those samples are dropped).",
+        "",
+        "**Reward-hacking alarm: " + ("FIRED**" if alarm else "quiet** (self-reward never rose while judge "
+                                      "quality or held-out accuracy fell)."),
+        *[f"- {a}" for a in alarm or []],
         "",
         "| iteration | " + " | ".join(label for _, label in cols) + " |",
         "|---" * (len(cols) + 1) + "|",
@@ -137,7 +166,22 @@ def plot(df: pd.DataFrame, out_dir: Path) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = []
+    names: list[str] = []
+    mix = sorted(k for k in df.columns if k.startswith(MIX))
+    if mix:
+        fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
+        bottom = pd.Series(0.0, index=df.index)
+        for k in mix:
+            values = df[k].fillna(0.0)
+            ax.bar(df["iteration"], values, bottom=bottom, label=k.removeprefix(MIX))
+            bottom = bottom + values
+        ax.set_title("Category mix of the prompts")
+        ax.set_ylabel("share")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out_dir / "categories.png", metadata={"Software": None})
+        plt.close(fig)
+        names.append("categories.png")
     for fname, (title, keys) in PLOTS.items():
         keys = [k for k in keys if k in df.columns and df[k].notna().any()]
         fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
@@ -198,6 +242,13 @@ def main(argv: list[str] | None = None) -> None:
     def body(args: argparse.Namespace, params: Params) -> None:
         df = load_metrics(args.metrics, params)
         data = _per_iteration(args, params)
+        mixes = {it: category_mix(d["prompts"][0]) for it, d in data.items() if "prompts" in d}
+        for it, mix in mixes.items():
+            for k, v in mix.items():
+                df.loc[df["iteration"] == it, k] = v
+        alarm = alarms(df)
+        for a in alarm:
+            log.warning("REWARD-HACKING ALARM %s", a)
         shown = {it: examples(d["judgments"][0]) for it, d in data.items() if "judgments" in d}
         figures = Path(args.figures)
         with art.atomic_path(figures, is_dir=True) as tmp:
@@ -205,13 +256,16 @@ def main(argv: list[str] | None = None) -> None:
             names = plot(df, tmp)
         rel = [os.path.relpath(figures / n, Path(args.summary).parent) for n in names]
         with art.atomic_path(args.summary) as tmp:
-            tmp.write_text(summary_markdown(df, params, rel, shown), encoding="utf-8")
+            tmp.write_text(summary_markdown(df, params, rel, shown, alarm), encoding="utf-8")
         keep = ["iteration", "step"] + [k for k, _ in COLUMNS if k in df.columns]
+        keep += sorted(k for k in df.columns if k.startswith(MIX))
         with art.atomic_path(args.table) as tmp:
             df[keep].to_csv(tmp, index=False)
 
         started = time.perf_counter()
         name, tags = run_identity()
+        tags["reward_hacking_alarm"] = "; ".join(alarm) if alarm else "quiet"
+        fired = {a.split(":", 1)[0] for a in alarm}
         records = []
         for row in df.to_dict("records"):
             it = row["iteration"]
@@ -221,8 +275,9 @@ def main(argv: list[str] | None = None) -> None:
                 tables[f"examples/{it}_pairs.json"] = pair_examples(d["pairs"][0])
             records.append(IterationRecord(
                 iteration=it, step=int(row["step"]),
-                metrics={k: float(v) for k, v in row.items()
-                         if isinstance(v, (int, float)) and v == v and k != "step"},
+                metrics={**{k: float(v) for k, v in row.items()
+                            if isinstance(v, (int, float)) and v == v and k != "step"},
+                         "reward_hacking_alarm": float(it in fired)},
                 datasets=[(kind, d[kind][0], d[kind][1]) for kind in ("prompts", "pairs") if kind in d],
                 tables=tables,
             ))
@@ -233,6 +288,8 @@ def main(argv: list[str] | None = None) -> None:
         if run_id:
             log.info("MLflow parent run %s (%s)", run_id, name)
         print(Path(args.summary).read_text())
+        if alarm:  # last, so it is what `dvc repro` ends on
+            print("REWARD-HACKING ALARM:\n" + "\n".join(f"  {a}" for a in alarm))
 
     run_stage("report", _args, body, argv)
 

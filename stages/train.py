@@ -1,46 +1,83 @@
-"""Stage `train`: one iteration of self-training on a LoRA adapter, merged into the next model.
+"""Stage `train`: one iteration of self-training, LoRA (default) or full, merged into the next model.
 
-`raft` fine-tunes on the best-judged samples (RAFT / ReST / STaR); `dpo` uses the sigmoid DPO
-loss with an optional NLL term on the chosen answer, the reference being the iteration's starting
-model (the adapter disabled). The adapter is merged so the next iteration starts from a plain
-model in safetensors.
+`train.algorithm`: `raft` fine-tunes on the best-judged samples (RAFT / ReST / STaR); `dpo`,
+`ipo`, `spin` and `cream` train on the pairs (the reference being the iteration's starting
+model); `grpo` on the stored groups of samples with their advantages. The adapter is merged so
+the next iteration starts from a plain model in safetensors.
+
+Resumable: every `train.checkpoint_every` steps the state goes to `--checkpoints` (a DVC
+`persist` output), and a run killed part way continues from there when restarted on the same
+inputs and params. Scale-out: `accelerate launch -m stages.train ...` runs it unchanged on
+several processes (DDP); only the main process writes.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import logging
+from pathlib import Path
 
 import pandas as pd
 import torch
 
 from .lib import artifacts as art
 from .lib.cli import derive_seed, run_stage, stage_provenance
-from .lib.config import Algorithm, Params, TrainConfig
+from .lib.config import PREFERENCE, Algorithm, Params, TrainConfig
 from .lib.models import attach_lora, load_model, merge_lora, save_model, set_threads
-from .lib.training import Schedule, steps_for, train_dpo, train_sft
+from .lib.training import Checkpoints, Schedule, steps_for, train_grpo, train_preference, train_sft
 
 log = logging.getLogger(__name__)
 
 
-def train(model, tokenizer, pairs: pd.DataFrame, sft: pd.DataFrame, cfg: TrainConfig, seed: int):
-    """Train `model` in place of a copy; returns the merged model and the training log."""
+def training_size(cfg: TrainConfig, pairs: pd.DataFrame, sft: pd.DataFrame, groups: pd.DataFrame) -> int:
+    if cfg.algorithm == Algorithm.raft:
+        return len(sft)
+    if cfg.algorithm == Algorithm.grpo:
+        return len(groups)
+    return len(pairs)
+
+
+def train(model, tokenizer, pairs: pd.DataFrame, sft: pd.DataFrame, groups: pd.DataFrame, cfg: TrainConfig,
+          seed: int, accelerator=None, checkpoints: Checkpoints | None = None):
+    """Train `model`; returns the merged model, the training log and the number of examples."""
     if cfg.lora.enabled:
         torch.manual_seed(seed)  # the adapter's initial weights
         model = attach_lora(model, cfg.lora)
+    n = training_size(cfg, pairs, sft, groups)
+    sched = Schedule(cfg.lr, steps_for(n, cfg.batch_size, cfg.epochs), warmup_steps=min(10, n))
+    common = dict(accelerator=accelerator, checkpoints=checkpoints)
     if cfg.algorithm == Algorithm.raft:
-        n = len(sft)
-        sched = Schedule(cfg.lr, steps_for(n, cfg.batch_size, cfg.epochs), warmup_steps=min(10, n))
         out = train_sft(model, tokenizer, list(sft["prompt"]), list(sft["response"]), sched,
-                        cfg.batch_size, seed, cfg.max_grad_norm, desc="raft")
+                        cfg.batch_size, seed, cfg.max_grad_norm, desc="raft", **common)
+    elif cfg.algorithm in PREFERENCE:
+        cons = [0.5 if pd.isna(c) else float(c) for c in pairs["consistency"]]
+        out = train_preference(model, tokenizer, cfg.algorithm, list(pairs["prompt"]), list(pairs["chosen"]),
+                               list(pairs["rejected"]), sched, cfg.batch_size, seed, cfg.beta,
+                               cfg.nll_weight, cons, cfg.max_grad_norm, **common)
     else:
-        n = len(pairs)
-        sched = Schedule(cfg.lr, steps_for(n, cfg.batch_size, cfg.epochs), warmup_steps=min(10, n))
-        out = train_dpo(model, tokenizer, list(pairs["prompt"]), list(pairs["chosen"]), list(pairs["rejected"]),
-                        sched, cfg.batch_size, seed, cfg.beta, cfg.nll_weight, cfg.max_grad_norm)
+        out = train_grpo(model, tokenizer, list(groups["prompt"]), list(groups["response"]),
+                         [float(a) for a in groups["advantage"]], sched, cfg.batch_size, seed,
+                         cfg.clip_eps, cfg.kl_beta, cfg.max_grad_norm, **common)
     if n == 0:
         log.warning("no training data this iteration: the model is passed on unchanged")
+    if accelerator is not None:
+        model = accelerator.unwrap_model(model)
     return merge_lora(model), out, n
+
+
+def fingerprint(params: Params, iteration: str, model_dir: str | Path, *tables: pd.DataFrame) -> str:
+    """What a checkpoint belongs to: the train params, the data and the starting model's weights."""
+    h = hashlib.sha256()
+    h.update(json.dumps([params.seed, iteration, params.train.model_dump(mode="json")], sort_keys=True).encode())
+    for t in tables:
+        h.update(pd.util.hash_pandas_object(t, index=False).to_numpy().tobytes())
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
 
 
 def _args(p: argparse.ArgumentParser) -> None:
@@ -48,20 +85,35 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="in: the iteration's starting model")
     p.add_argument("--pairs", required=True, help="in: preference pairs")
     p.add_argument("--sft", required=True, help="in: best-judged samples")
+    p.add_argument("--groups", required=True, help="in: GRPO groups")
     p.add_argument("--out", required=True, help="out: the next model directory")
     p.add_argument("--metrics", required=True, help="out: training metrics (json)")
+    p.add_argument("--checkpoints", help="resumable state (kept between runs); none if not given")
 
 
 def main(argv: list[str] | None = None) -> None:
     def body(args: argparse.Namespace, params: Params) -> None:
+        from accelerate import Accelerator
+
         params.iteration_index(args.iteration)
         set_threads()
+        accelerator = Accelerator()
         pairs = art.read_table(args.pairs, art.PAIRS)
         sft = art.read_table(args.sft, art.SFT)
-        model, tokenizer = load_model(args.model, security=params.security)
-        merged, train_log, n = train(model, tokenizer, pairs, sft, params.train,
-                                     derive_seed(params.seed, "train", args.iteration))
-        metrics = {"train_examples": n, **train_log.summary()}
+        groups = art.read_table(args.groups, art.GROUPS)
+        model, tokenizer = load_model(args.model, device="cpu", security=params.security)
+        ckpt = None
+        if args.checkpoints:
+            ckpt = Checkpoints(args.checkpoints, fingerprint(params, args.iteration, args.model, pairs, sft, groups),
+                               params.train.checkpoint_every, accelerator.is_main_process)
+        if accelerator.num_processes > 1:
+            log.info("training on %d processes (%s)", accelerator.num_processes, accelerator.distributed_type)
+        merged, train_log, n = train(model.to(accelerator.device), tokenizer, pairs, sft, groups, params.train,
+                                     derive_seed(params.seed, "train", args.iteration), accelerator, ckpt)
+        if not accelerator.is_main_process:
+            return
+        metrics = {"train_examples": n, "train_processes": accelerator.num_processes,
+                   "train_resumed_from": train_log.resumed_from, **train_log.summary()}
         prov = stage_provenance("train", args.iteration, params, ("seed", "train", "security"), [args.out])
         save_model(merged, tokenizer, args.out, prov)
         art.write_json(metrics, args.metrics)

@@ -25,7 +25,8 @@ TINY = {
     "train": {"epochs": 1, "batch_size": 32},
     "evaluate": {"k": 2, "batch_size": 256},
     "tracking": {"enabled": False},
-    "loop": {"it1": {"prev": "it0"}, "it2": {"prev": "it1"}, "it3": {"prev": "it2"}},
+    "loop": {"it1": {"prev": "it0", "ref": "init"}, "it2": {"prev": "it1", "ref": "it0"},
+             "it3": {"prev": "it2", "ref": "it1"}},
 }
 
 

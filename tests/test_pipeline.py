@@ -78,7 +78,8 @@ def test_bad_params_stop_a_stage_before_it_writes(tmp_path, tiny_raw, monkeypatc
 def test_missing_input_is_named(tmp_path, tiny_params_file, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit):
-        judge.main(["--iteration", "it1", "--samples", "nope.parquet", "--out", "j.parquet",
+        judge.main(["--iteration", "it1", "--samples", "nope.parquet", "--model", "m", "--ref-model", "m",
+                    "--out", "j.parquet",
                     "--params", str(tiny_params_file)])
     assert "nope.parquet: file not found" in capsys.readouterr().err
     assert not (tmp_path / "j.parquet").exists()

@@ -33,7 +33,7 @@ BAD_PARAMS = [
     (lambda r: r["judge"].update(method="oracle"), "judge.method:"),
     (lambda r: r.update(judge=None), "judge:"),
     (lambda r: r["train"].update(algorithm="ppo"), "train.algorithm:"),
-    (lambda r: r["train"].update(algorithm="dpo", lora={"enabled": False}), "dpo needs lora.enabled"),
+    (lambda r: r["train"].update(checkpoint_every=-1), "train.checkpoint_every:"),
     (lambda r: r["train"].update(lr=0), "train.lr:"),
     (lambda r: r["train"].update(epochs=1.5), "train.epochs:"),
     (lambda r: r["train"].update(lora={"r": 0}), "train.lora.r:"),
@@ -55,11 +55,15 @@ BAD_PARAMS = [
     (lambda r: r.update(seed="abc"), "seed:"),
     (lambda r: r.pop("loop"), "loop: missing key"),
     (lambda r: r.update(loop={}), "loop: at least one iteration"),
-    (lambda r: r["loop"].update(it5={"prev": "it4"}), "loop.it5.prev"),
-    (lambda r: r["loop"].update(it4={"prev": "it2"}), "loop.it4.prev"),
+    (lambda r: r["loop"].update(it5={"prev": "it4", "ref": "it2"}), "loop.it5.prev"),
+    (lambda r: r["loop"].update(it4={"prev": "it2", "ref": "it1"}), "loop.it4.prev"),
     (lambda r: r["loop"]["it1"].update(prev="base"), "loop.it1.prev"),
     (lambda r: r["loop"].update(it1={}), "loop.it1.prev: missing key"),
-    (lambda r: r.update(loop={"it0": {"prev": "it0"}}), "loop.it0"),
+    (lambda r: r.update(loop={"it0": {"prev": "it0", "ref": "it0"}}), "loop.it0"),
+    (lambda r: r["loop"]["it3"].update(ref="it2"), "loop.it3.ref: expected it1"),
+    (lambda r: r.update(train={"algorithm": "spin"}, evolve={"seed_prompts": 0}), "needs evolve.seed_prompts"),
+    (lambda r: r.update(judge={"method": "llm_judge", "judgments": 0}), "judge.judgments"),
+    (lambda r: r.update(train={"algorithm": "grpo", "clip_eps": 1.5}), "train.clip_eps"),
 ]
 
 

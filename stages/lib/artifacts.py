@@ -51,6 +51,8 @@ JUDGMENTS = pa.schema(
         ("reward", pa.float64()),  # the configured judge's score, null when it has no verdict
         ("correct", pa.float64()),  # verifier's score, for measurement only; null without answer
         ("label", pa.string()),  # the judge's pseudo-label for the group, when it has one
+        ("parse_rate", pa.float64()),  # llm_judge: share of its judgments that parsed; else null
+        ("consistency", pa.float64()),  # CREAM: (tau + 1) / 2 with the previous model; else null
     ]
 )
 PAIRS = pa.schema(
@@ -64,6 +66,19 @@ PAIRS = pa.schema(
         ("rejected_reward", pa.float64()),
         ("chosen_correct", pa.float64()),
         ("rejected_correct", pa.float64()),
+        ("consistency", pa.float64()),  # CREAM's per-prompt C, null for the other algorithms
+    ]
+)
+GROUPS = pa.schema(  # GRPO: every scored sample of a prompt whose rewards differ
+    [
+        ("iteration", pa.string()),
+        ("prompt_id", pa.string()),
+        ("sample_id", pa.string()),
+        ("prompt", pa.string()),
+        ("response", pa.string()),
+        ("reward", pa.float64()),
+        ("advantage", pa.float64()),  # (r - mean) / (std + eps) within the prompt's samples
+        ("correct", pa.float64()),
     ]
 )
 SFT = pa.schema(

@@ -73,8 +73,9 @@ class PrepareConfig(_Section):
 
 
 class EvolveStrategy(str, enum.Enum):
-    fixed = "fixed"
-    eva = "eva"
+    fixed = "fixed"  # the same prompts every iteration
+    eva = "eva"  # keep and mutate the prompts whose self-judged rewards spread the most
+    sec = "sec"  # Self-Evolving Curriculum: a bandit over prompt categories
 
 
 class EvolveConfig(_Section):
@@ -85,6 +86,13 @@ class EvolveConfig(_Section):
     fresh: int = Field(200, ge=0, description="new procedural problems per iteration")
     keep_top: int = Field(100, ge=0, description="most informative previous problems, mutated")
     rewrites: int = Field(3, ge=0, description="equivalent rewrites of each problem (co_reward)")
+    seed_prompts: Optional[int] = Field(
+        None, ge=0,
+        description="seed-data prompts (with reference answers, for SPIN) per iteration; "
+        "None: 300 when train.algorithm is spin, else 0",
+    )
+    sec_alpha: float = Field(0.5, gt=0, le=1, description="sec: TD(0) step size of the category values")
+    sec_temperature: float = Field(0.2, gt=0, description="sec: softmax temperature over category values")
 
 
 class SampleBackend(str, enum.Enum):
@@ -106,15 +114,27 @@ class SampleConfig(_Section):
 
 
 class JudgeMethod(str, enum.Enum):
-    majority_vote = "majority_vote"
-    co_reward = "co_reward"
-    verifier = "verifier"
+    majority_vote = "majority_vote"  # TTRL
+    co_reward = "co_reward"  # agreement with the pooled vote of equivalent rewrites
+    llm_judge = "llm_judge"  # Self-Rewarding LMs: the model scores with the 5-point rubric
+    self_certainty = "self_certainty"  # mean KL(Uniform || p) over the response tokens
+    implicit_reward = "implicit_reward"  # sum log pi_current - sum log pi_reference (CREAM)
+    verifier = "verifier"  # ground truth: oracle baseline
 
 
 class JudgeConfig(_Section):
     method: JudgeMethod = JudgeMethod.co_reward
     min_share: float = Field(
         0.2, ge=0, le=1, description="a vote label needs at least this share of the votes, else null"
+    )
+    template: str = Field(
+        "stages/templates/judge_rubric.txt", min_length=1, description="llm_judge: the rubric prompt"
+    )
+    judgments: int = Field(3, ge=1, description="llm_judge: judgments per response, averaged")
+    temperature: float = Field(0.7, gt=0, description="llm_judge: sampling temperature of the judge")
+    max_new_tokens: int = Field(48, ge=1, description="llm_judge: length of the judge's answer")
+    max_prompts: Optional[int] = Field(
+        32, ge=1, description="llm_judge: prompts judged per iteration (seeded choice; None: all)"
     )
 
 
@@ -124,8 +144,15 @@ class PairsConfig(_Section):
 
 
 class Algorithm(str, enum.Enum):
-    raft = "raft"
-    dpo = "dpo"
+    raft = "raft"  # fine-tune on the best-judged samples (RAFT / ReST / STaR)
+    dpo = "dpo"  # sigmoid DPO, optional NLL on the chosen answer (iterative RPO)
+    ipo = "ipo"  # squared loss towards a margin of 1/(2 beta)
+    spin = "spin"  # DPO form: the seed data's reference answer over the model's own sample
+    cream = "cream"  # DPO regularised by the judge's consistency across iterations
+    grpo = "grpo"  # group-relative advantages with a clipped ratio
+
+
+PREFERENCE = (Algorithm.dpo, Algorithm.ipo, Algorithm.spin, Algorithm.cream)
 
 
 class LoraConfig(_Section):
@@ -142,14 +169,11 @@ class TrainConfig(_Section):
     epochs: int = Field(4, ge=1)
     batch_size: int = Field(64, ge=1)
     beta: float = Field(0.1, gt=0, description="DPO temperature")
-    nll_weight: float = Field(1.0, ge=0, description="DPO: weight of the NLL term on the chosen answer")
+    nll_weight: float = Field(1.0, ge=0, description="dpo/cream: weight of the NLL term on the chosen answer")
+    clip_eps: float = Field(0.2, gt=0, lt=1, description="grpo: ratio clipping")
+    kl_beta: float = Field(0.0, ge=0, description="grpo: weight of the KL to the reference (0: off)")
     max_grad_norm: float = Field(1.0, gt=0)
-
-    @model_validator(mode="after")
-    def _reference(self) -> "TrainConfig":
-        if self.algorithm == Algorithm.dpo and not self.lora.enabled:
-            raise ValueError("dpo needs lora.enabled: its reference is the model with the adapter off")
-        return self
+    checkpoint_every: int = Field(50, ge=0, description="steps between resumable checkpoints (0: none)")
 
 
 class EvaluateConfig(_Section):
@@ -173,17 +197,21 @@ class TrackingConfig(_Section):
 
 
 class IterationLink(_Section):
-    prev: str
+    prev: str  # the model this iteration starts from
+    # the model before that: the reference of implicit_reward and CREAM's consistency. For it1
+    # the policy is the base itself, so its reference is the base before its warm-up (`init`).
+    ref: str
 
-    @field_validator("prev")
+    @field_validator("prev", "ref")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _IT.fullmatch(v):
+        if not _IT.fullmatch(v) and v != INIT:
             raise ValueError(f"iteration names look like it0, it1, ...; got {v!r}")
         return v
 
 
 _IT = re.compile(r"it(\d+)")
+INIT = "init"  # the base model as initialised, before prepare's warm-up
 
 
 class Params(_Section):
@@ -212,8 +240,22 @@ class Params(_Section):
                 raise ValueError(f"loop.{name}.prev: {link.prev!r} is not it0 or an earlier iteration")
             if int(name[2:]) != int(link.prev[2:]) + 1:
                 raise ValueError(f"loop.{name}.prev: expected it{int(name[2:]) - 1}, got {link.prev}")
+            if link.prev == INIT:
+                raise ValueError(f"loop.{name}.prev: {INIT!r} is only a reference, not a starting model")
+            want = INIT if link.prev == "it0" else self.loop[link.prev].prev
+            if link.ref != want:
+                raise ValueError(f"loop.{name}.ref: expected {want} (the model before {link.prev}), got {link.ref}")
             seen.add(name)
+        if self.train.algorithm == Algorithm.spin and self.evolve.seed_prompts == 0:
+            raise ValueError("train.algorithm spin needs evolve.seed_prompts > 0: SPIN pairs the seed "
+                             "data's reference answers with the model's own samples")
         return self
+
+    def seed_prompts(self) -> int:
+        """Seed-data prompts per iteration (evolve.seed_prompts, or its default)."""
+        if self.evolve.seed_prompts is not None:
+            return self.evolve.seed_prompts
+        return 300 if self.train.algorithm == Algorithm.spin else 0
 
     def iteration_index(self, name: str) -> int:
         if name != "it0" and name not in self.loop:

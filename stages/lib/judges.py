@@ -1,29 +1,87 @@
 """The judge registry: every method takes the samples and returns nullable rewards.
 
-A judge returns, for each sample row, a reward (float, or None when it has no verdict) and the
-pseudo-label it compared against (or None). None is never turned into 0: a sample without a
-verdict is dropped downstream, not "rejected".
+One interface for all: ``fn(samples, cfg, ctx) -> Verdicts``, where a reward is a float or None
+(no verdict). None is never turned into 0: a sample without a verdict is dropped downstream, not
+"rejected". Each method is registered once below with what it needs (a model, the reference
+model, the rubric template) and how its rewards read (a verdict in [0, 1], or a ranking score).
 
 - ``majority_vote`` (TTRL): per prompt, the plurality answer of its k samples is the label.
-- ``co_reward`` (Co-Reward style): per problem, the plurality answer pooled over the samples of
-  all its equivalent rewrites (``a+b``, ``b+a``, ``(a+d)+(b-d)``, ...) is the label. Errors on
-  different surface forms are less correlated than k samples of one prompt, so the pooled vote
-  is a better judge than the policy's own majority.
+- ``co_reward`` (Co-Reward): per problem, the plurality answer pooled over the samples of all its
+  equivalent rewrites (``a+b``, ``b+a``, ``(a+d)+(b-d)``, ...) is the label. Errors on different
+  surface forms are less correlated than k samples of one prompt, so a model confirming its own
+  mistakes is outvoted by the other formulations.
+- ``llm_judge`` (Self-Rewarding LMs): the model itself scores each response with the additive
+  5-point rubric in ``judge.template``, ``judge.judgments`` times, averaged; only the judge's own
+  generated text is parsed (stages/lib/rubric.py); a parse failure is None. Reward = points / 5.
+- ``self_certainty``: mean over response tokens of KL(Uniform || p) under the policy.
+- ``implicit_reward`` (CREAM / DPO): sum log pi_current(y|x) - sum log pi_reference(y|x), the
+  reference being the model before the current one (the base for it1).
 - ``verifier``: ground truth; an oracle baseline and the yardstick for judge quality.
+
+CREAM's consistency (when asked for): per prompt, Kendall tau between the ranking of its samples
+by this judge and by the previous iteration's model (the reference, scoring each sample by its
+mean token log-prob), stored as ``consistency`` = (tau + 1) / 2 for the train stage.
 """
 
 from __future__ import annotations
 
+import random
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+import numpy as np
 import pandas as pd
+import torch
 
 from .config import JudgeConfig, JudgeMethod
+from .generation import SamplingSpec, generate, score
+from .quality import consistency_from_tau, kendall_tau, roc_auc
+from .rubric import mean_score, parse_score, render
 from .tasks import verify
 
-Verdicts = tuple[list[Optional[float]], list[Optional[str]]]
+MAX_POINTS = 5
+
+
+@dataclass
+class Verdicts:
+    reward: list[Optional[float]]
+    label: Optional[list[Optional[str]]] = None  # a pseudo-label (vote judges)
+    parse_rate: Optional[list[Optional[float]]] = None  # share of judge outputs that parsed
+
+
+@dataclass
+class ModelHandle:
+    model: torch.nn.Module
+    tokenizer: object
+
+    @property
+    def context(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 2048))
+
+
+@dataclass
+class JudgeContext:
+    """What model-based judges need: the policy (it wrote the samples) and its predecessor."""
+
+    policy: Optional[ModelHandle] = None
+    reference: Optional[ModelHandle] = None
+    template: Optional[str] = None
+    seed: int = 0
+    batch_size: int = 256
+    progress: bool = True
+    _scores: dict = field(default_factory=dict)
+
+    def scores(self, which: str, samples: pd.DataFrame):
+        """Log-prob scores of every sample under `policy` or `reference` (computed once)."""
+        if which not in self._scores:
+            handle = getattr(self, which)
+            if handle is None:
+                raise ValueError(f"this judge needs the {which} model")
+            self._scores[which] = score(handle.model, handle.tokenizer, list(samples["prompt"]),
+                                        list(samples["response"]), batch_size=self.batch_size,
+                                        desc=f"score ({which})", progress=self.progress)
+        return self._scores[which]
 
 
 def vote_label(preds: list[str | None], min_share: float) -> str | None:
@@ -39,8 +97,8 @@ def vote_label(preds: list[str | None], min_share: float) -> str | None:
     return top
 
 
-def _vote_by(key: str) -> Callable[[pd.DataFrame, JudgeConfig], Verdicts]:
-    def judge(samples: pd.DataFrame, cfg: JudgeConfig) -> Verdicts:
+def _vote_by(key: str) -> Callable[[pd.DataFrame, JudgeConfig, JudgeContext], Verdicts]:
+    def judge(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext) -> Verdicts:
         labels: dict[str, str | None] = {}
         for k, group in samples.groupby(key, sort=False):
             preds = [p if isinstance(p, str) else None for p in group["pred"]]
@@ -50,41 +108,121 @@ def _vote_by(key: str) -> Callable[[pd.DataFrame, JudgeConfig], Verdicts]:
             None if lab is None else (1.0 if pred == lab else 0.0)
             for lab, pred in zip(label, samples["pred"])
         ]
-        return reward, label
+        return Verdicts(reward, label)
 
     return judge
 
 
-def _verifier(samples: pd.DataFrame, cfg: JudgeConfig) -> Verdicts:
+def _verifier(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext) -> Verdicts:
     reward = [verify(p if isinstance(p, str) else None, a if isinstance(a, str) else None)
               for p, a in zip(samples["pred"], samples["answer"])]
     label = [a if isinstance(a, str) else None for a in samples["answer"]]
-    return reward, label
+    return Verdicts(reward, label)
+
+
+def _self_certainty(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext) -> Verdicts:
+    return Verdicts([float(x) for x in ctx.scores("policy", samples).self_certainty])
+
+
+def _implicit_reward(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext) -> Verdicts:
+    cur, ref = ctx.scores("policy", samples).logp, ctx.scores("reference", samples).logp
+    return Verdicts([float(c - r) for c, r in zip(cur, ref)])
+
+
+def judged_prompts(prompt_ids: list[str], max_prompts: int | None, seed: int) -> set[str]:
+    """The prompts llm_judge scores this iteration: all, or a seeded choice of `max_prompts`."""
+    unique = sorted(set(prompt_ids))
+    if max_prompts is None or len(unique) <= max_prompts:
+        return set(unique)
+    return set(random.Random(seed).sample(unique, max_prompts))
+
+
+def _llm_judge(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext) -> Verdicts:
+    if ctx.policy is None or ctx.template is None:
+        raise ValueError("llm_judge needs the policy model and the rubric template")
+    tok = ctx.policy.tokenizer
+    chosen = judged_prompts(list(samples["prompt_id"]), cfg.max_prompts, ctx.seed)
+    # each distinct (prompt, response) is judged once, `judgments` times
+    texts: dict[tuple[str, str], Optional[str]] = {}
+    for pid, prompt, response in zip(samples["prompt_id"], samples["prompt"], samples["response"]):
+        if pid in chosen and (prompt, response) not in texts:
+            text = render(ctx.template, prompt, response)
+            fits = len(tok(text)["input_ids"]) + cfg.max_new_tokens <= ctx.policy.context
+            texts[(prompt, response)] = text if fits else None  # too long for the judge: no verdict
+    todo = [key for key, text in texts.items() if text is not None]
+    spec = SamplingSpec(n=cfg.judgments, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
+                        batch_size=ctx.batch_size)
+    outs = generate(ctx.policy.model, tok, [texts[k] for k in todo], spec, ctx.seed, desc="llm_judge",
+                    progress=ctx.progress)
+    verdict: dict[tuple[str, str], tuple[Optional[float], float]] = {
+        key: (None, 0.0) for key in texts
+    }
+    for key, generations in zip(todo, outs):
+        points = [parse_score(g, MAX_POINTS) for g in generations]
+        avg = mean_score(points)
+        parsed = sum(p is not None for p in points) / len(points)
+        verdict[key] = (None if avg is None else avg / MAX_POINTS, parsed)
+    reward, rate = [], []
+    for prompt, response in zip(samples["prompt"], samples["response"]):
+        r, p = verdict.get((prompt, response), (None, None))
+        reward.append(r)
+        rate.append(p)
+    return Verdicts(reward, parse_rate=rate)
 
 
 @dataclass(frozen=True)
 class Judge:
-    fn: Callable[[pd.DataFrame, JudgeConfig], Verdicts]
-    uses_ground_truth: bool
-    needs_rewrites: bool = False
+    fn: Callable[[pd.DataFrame, JudgeConfig, JudgeContext], Verdicts]
+    uses_ground_truth: bool = False
+    needs_rewrites: bool = False  # co_reward: the prompts must come with equivalent rewrites
+    needs_policy: bool = False
+    needs_reference: bool = False
+    needs_template: bool = False
+    verdict: bool = True  # rewards are verdicts in [0, 1] (>= 0.5: judged right); else a ranking
 
 
 REGISTRY: dict[JudgeMethod, Judge] = {
-    JudgeMethod.majority_vote: Judge(_vote_by("prompt_id"), uses_ground_truth=False),
-    JudgeMethod.co_reward: Judge(_vote_by("group_id"), uses_ground_truth=False, needs_rewrites=True),
+    JudgeMethod.majority_vote: Judge(_vote_by("prompt_id")),
+    JudgeMethod.co_reward: Judge(_vote_by("group_id"), needs_rewrites=True),
+    JudgeMethod.llm_judge: Judge(_llm_judge, needs_policy=True, needs_template=True),
+    JudgeMethod.self_certainty: Judge(_self_certainty, needs_policy=True, verdict=False),
+    JudgeMethod.implicit_reward: Judge(_implicit_reward, needs_policy=True, needs_reference=True,
+                                       verdict=False),
     JudgeMethod.verifier: Judge(_verifier, uses_ground_truth=True),
 }
 
 
-def judge_samples(samples: pd.DataFrame, cfg: JudgeConfig) -> pd.DataFrame:
-    """Add `reward`, `label` (the configured judge) and `correct` (the verifier, to measure)."""
+def consistency(samples: pd.DataFrame, reward: list[Optional[float]], ctx: JudgeContext) -> list[Optional[float]]:
+    """CREAM: per prompt, (tau + 1) / 2 between the judge's ranking and the reference model's."""
+    ref = ctx.scores("reference", samples)
+    ref_mean = [lp / max(1, n) for lp, n in zip(ref.logp, ref.tokens)]
+    frame = pd.DataFrame({"pid": samples["prompt_id"].to_numpy(), "reward": reward, "ref": ref_mean})
+    out: dict[str, Optional[float]] = {}
+    for pid, group in frame.groupby("pid", sort=False):
+        scored = group.dropna(subset=["reward"])
+        if len(scored) < 2:
+            out[pid] = None
+            continue
+        out[pid] = consistency_from_tau(kendall_tau(list(scored["reward"]), list(scored["ref"])))
+    return [out[p] for p in samples["prompt_id"]]
+
+
+def judge_samples(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext | None = None,
+                  with_consistency: bool = False) -> pd.DataFrame:
+    """Add `reward`, `label`, `parse_rate` (the configured judge), `consistency` (CREAM, when
+    asked for) and `correct` (the verifier, to measure only)."""
+    ctx = ctx or JudgeContext()
     judge = REGISTRY[cfg.method]
     # self-judges never see the ground truth
     visible = samples if judge.uses_ground_truth else samples.assign(answer=None)
-    reward, label = judge.fn(visible, cfg)
+    v = judge.fn(visible, cfg, ctx)
+    n = len(samples)
     out = samples.copy()
-    out["reward"] = pd.array(reward, dtype="Float64")
-    out["label"] = pd.array(label, dtype="string")
+    out["reward"] = pd.array(v.reward, dtype="Float64")
+    out["label"] = pd.array(v.label if v.label is not None else [None] * n, dtype="string")
+    out["parse_rate"] = pd.array(v.parse_rate if v.parse_rate is not None else [None] * n, dtype="Float64")
+    cons = consistency(visible, v.reward, ctx) if with_consistency else [None] * n
+    out["consistency"] = pd.array(cons, dtype="Float64")
     out["correct"] = pd.array(
         [verify(p if isinstance(p, str) else None, a if isinstance(a, str) else None)
          for p, a in zip(samples["pred"], samples["answer"])],
@@ -93,27 +231,56 @@ def judge_samples(samples: pd.DataFrame, cfg: JudgeConfig) -> pd.DataFrame:
     return out
 
 
-def judge_quality(judgments: pd.DataFrame) -> dict[str, float | None]:
+def _pairwise_accuracy(scored: pd.DataFrame) -> float | None:
+    """Within each prompt, over (correct, wrong) sample pairs: share ranked right (ties 1/2)."""
+    hits, total = 0.0, 0
+    for _, g in scored.groupby("prompt_id", sort=False):
+        r = g["reward"].astype(float).to_numpy()
+        c = g["correct"].astype(float).to_numpy() >= 0.5
+        good, bad = r[c], r[~c]
+        if len(good) and len(bad):
+            diff = good[:, None] - bad[None, :]
+            hits += float((diff > 0).sum() + 0.5 * (diff == 0).sum())
+            total += diff.size
+    return hits / total if total else None
+
+
+def judge_quality(judgments: pd.DataFrame, verdict: bool = True) -> dict[str, float | None]:
     """How far the self-judge can be trusted, where ground truth exists.
 
-    judge_accuracy: agreement of the judge's binary verdict (reward >= 0.5) with the verifier,
-    over samples the judge scored. label_accuracy: share of labelled prompts whose pseudo-label is
-    the true answer. label_coverage: share of prompts that got a label at all.
+    judge_accuracy: for verdict judges, agreement of the binary verdict (reward >= 0.5) with the
+    verifier over the samples the judge scored; for ranking judges (self_certainty,
+    implicit_reward), the share of (correct, wrong) sample pairs of one prompt that the judge ranks
+    the right way round. judge_auc: ROC AUC of reward against correctness over all scored samples.
+    label_accuracy / label_coverage: pseudo-labels (vote judges). judged_share: samples with a
+    verdict. parse_failure_rate (llm_judge): share of judge outputs that did not parse, over the
+    samples it was asked to judge.
     """
     scored = judgments.dropna(subset=["reward", "correct"])
     out: dict[str, float | None] = {
         "judge_accuracy": None,
+        "judge_auc": None,
         "label_accuracy": None,
         "label_coverage": None,
         "reward_mean": None,
+        "judged_share": None,
+        "parse_failure_rate": None,
     }
+    if len(judgments):
+        out["judged_share"] = float(judgments["reward"].notna().mean())
     if len(judgments.dropna(subset=["reward"])):
         out["reward_mean"] = float(judgments["reward"].dropna().astype(float).mean())
     if len(scored):
-        agree = (scored["reward"].astype(float) >= 0.5) == (scored["correct"].astype(float) >= 0.5)
-        out["judge_accuracy"] = float(agree.mean())
-    per_prompt = judgments.drop_duplicates("prompt_id")
-    if len(per_prompt):
+        if verdict:
+            agree = (scored["reward"].astype(float) >= 0.5) == (scored["correct"].astype(float) >= 0.5)
+            out["judge_accuracy"] = float(agree.mean())
+        else:
+            out["judge_accuracy"] = _pairwise_accuracy(scored)
+        out["judge_auc"] = roc_auc(list(scored["reward"].astype(float)), list(scored["correct"].astype(float)))
+    if "parse_rate" in judgments and judgments["parse_rate"].notna().any():
+        out["parse_failure_rate"] = float(1 - judgments["parse_rate"].dropna().astype(float).mean())
+    if judgments["label"].notna().any():
+        per_prompt = judgments.drop_duplicates("prompt_id")
         labelled = per_prompt[per_prompt["label"].notna() & per_prompt["answer"].notna()]
         out["label_coverage"] = float(per_prompt["label"].notna().mean())
         if len(labelled):
@@ -121,3 +288,11 @@ def judge_quality(judgments: pd.DataFrame) -> dict[str, float | None]:
                 (labelled["label"].astype(str) == labelled["answer"].astype(str)).mean()
             )
     return out
+
+
+def reward_spread(judgments: pd.DataFrame) -> float | None:
+    """Mean within-prompt standard deviation of rewards (how much a judge separates samples)."""
+    scored = judgments.dropna(subset=["reward"])
+    if scored.empty:
+        return None
+    return float(np.nanmean(scored.assign(r=scored["reward"].astype(float)).groupby("prompt_id")["r"].std(ddof=0)))

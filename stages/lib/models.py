@@ -51,7 +51,7 @@ def build_tiny_model(shape: ModelShape, tokenizer: PreTrainedTokenizerBase, seed
         num_hidden_layers=shape.num_layers,
         num_attention_heads=shape.num_heads,
         num_key_value_heads=shape.num_heads,
-        max_position_embeddings=256,
+        max_position_embeddings=2048,  # RoPE: no weights; room for judge prompts
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

@@ -49,7 +49,11 @@ class Problem:
 
     @property
     def category(self) -> str:
-        return "carry" if (self.a % 10 + self.b % 10) >= 10 else "no_carry"
+        """Difficulty by carries: no_carry, units_carry, tens_carry (3-digit sum) or both_carry."""
+        units = (self.a % 10 + self.b % 10) >= 10
+        tens = (self.a // 10 % 10 + self.b // 10 % 10 + units) >= 10
+        return {(False, False): "no_carry", (True, False): "units_carry",
+                (False, True): "tens_carry", (True, True): "both_carry"}[(units, tens)]
 
     @property
     def unordered(self) -> tuple[int, int]:
@@ -58,6 +62,8 @@ class Problem:
 
 class ArithmeticTask:
     """Two-operand addition over [min_operand, max_operand]."""
+
+    categories = ("no_carry", "units_carry", "tens_carry", "both_carry")
 
     def __init__(self, cfg: TaskConfig):
         self.lo, self.hi = cfg.min_operand, cfg.max_operand

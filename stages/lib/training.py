@@ -1,21 +1,36 @@
-"""Training loops for the base warm-up (SFT), RAFT (SFT on best samples) and DPO.
+"""Training loops: SFT (base warm-up, RAFT), the DPO family (DPO, IPO, SPIN, CREAM) and GRPO.
 
-Seeded data order, warmup + cosine schedule, gradient clipping, and a guard that stops on a
-non-finite loss before any model is written.
+One loop (`fit`) serves them all: seeded data order, warmup + cosine schedule, gradient
+clipping, a guard that stops on a non-finite loss before any model is written, resumable
+checkpoints, and `accelerate` for scale-out: under `accelerate launch` each process trains on its
+shard of every batch and DDP averages the gradients; alone it is a plain single-device loop.
+
+Reference log-probs (the DPO family's pi_ref, GRPO's pi_old and KL reference) are computed once
+before training from the iteration's starting model, so LoRA and full fine-tuning work alike
+and no second copy of the model is kept.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import math
+import os
+import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from .config import Algorithm
 from .errors import TrainingError
 from .generation import encode_for_training, token_logprobs
-from .losses import dpo_loss, sft_loss
+from .losses import cream_loss, dpo_loss, grpo_loss, ipo_loss, sft_loss, spin_loss
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -37,6 +52,7 @@ class Schedule:
 class TrainLog:
     losses: list[float] = field(default_factory=list)
     extra: dict[str, list[float]] = field(default_factory=dict)
+    resumed_from: int = 0
 
     def add(self, loss: float, **kw: float) -> None:
         self.losses.append(loss)
@@ -57,6 +73,56 @@ class TrainLog:
         return out
 
 
+class Checkpoints:
+    """Resumable training state in one directory (a DVC `persist` output of the train stage).
+
+    `state.pt` holds the trainable weights, optimiser, schedule, step, log and RNG state, written
+    atomically every `every` steps; it is used only when its fingerprint (inputs and params)
+    matches. A finished run leaves `done.json` instead, so the directory stays small.
+    """
+
+    def __init__(self, directory: str | Path, fingerprint: str, every: int, is_main: bool = True):
+        self.dir, self.fingerprint, self.every, self.is_main = Path(directory), fingerprint, every, is_main
+
+    @property
+    def state_path(self) -> Path:
+        return self.dir / "state.pt"
+
+    def load(self) -> dict | None:
+        if not self.state_path.is_file():
+            return None
+        try:
+            state = torch.load(self.state_path, map_location="cpu", weights_only=True)
+        except Exception as err:  # a torn or foreign file: start over, never crash on it
+            log.warning("%s: unreadable checkpoint (%s); training from the start", self.state_path, err)
+            return None
+        if state.get("fingerprint") != self.fingerprint:
+            log.info("%s: checkpoint of other inputs or params; training from the start", self.state_path)
+            return None
+        return state
+
+    def due(self, step: int, total: int) -> bool:
+        return self.every > 0 and step % self.every == 0 and step < total
+
+    def save(self, state: dict) -> None:
+        if not self.is_main:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.dir / ".state.pt.tmp"
+        torch.save({**state, "fingerprint": self.fingerprint}, tmp)
+        os.replace(tmp, self.state_path)
+
+    def finish(self, steps: int) -> None:
+        if not self.is_main:
+            return
+        if self.dir.exists():
+            shutil.rmtree(self.dir)
+        self.dir.mkdir(parents=True)
+        (self.dir / "done.json").write_text(
+            json.dumps({"fingerprint": self.fingerprint, "steps": steps}, indent=2) + "\n", encoding="utf-8"
+        )
+
+
 def _batches(n: int, batch_size: int, steps: int, seed: int):
     """`steps` index batches over `n` items, reshuffled (seeded) each pass."""
     gen = torch.Generator().manual_seed(seed)
@@ -75,19 +141,107 @@ def _optimizer(model: torch.nn.Module, schedule: Schedule):
     return params, opt, sched
 
 
-def _update(loss: torch.Tensor, step: int, params, opt, sched, max_grad_norm: float) -> None:
-    """One optimiser step; a non-finite loss stops training before anything is written."""
-    if not torch.isfinite(loss):
-        raise TrainingError(f"loss is {loss.item()} at step {step}; stopping without writing a model")
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-    opt.step()
-    sched.step()
-
-
 def steps_for(n: int, batch_size: int, epochs: int) -> int:
     return max(1, math.ceil(n / batch_size)) * epochs if n else 0
+
+
+StepFn = Callable[[torch.nn.Module, list[int], torch.device], tuple[torch.Tensor, dict[str, float]]]
+
+
+def fit(
+    model: torch.nn.Module,
+    n: int,
+    step_fn: StepFn,
+    schedule: Schedule,
+    batch_size: int,
+    seed: int,
+    max_grad_norm: float = 1.0,
+    desc: str = "train",
+    stop_loss: float | None = None,
+    accelerator=None,
+    checkpoints: Checkpoints | None = None,
+) -> TrainLog:
+    """Optimise `model` for `schedule.steps` batches of item indices; step_fn gives the loss.
+
+    With an `accelerate.Accelerator`, the model and optimiser are prepared by it and each process
+    takes its shard of every batch. With `checkpoints`, training resumes from a matching state.
+    """
+    train_log = TrainLog()
+    if n == 0 or schedule.steps == 0:
+        return train_log
+    params, opt, sched = _optimizer(model, schedule)
+    names = [name for name, p in model.named_parameters() if p.requires_grad]
+    rank, world = 0, 1
+    runner = model
+    if accelerator is not None:
+        runner, opt = accelerator.prepare(model, opt)
+        rank, world = accelerator.process_index, accelerator.num_processes
+        device = accelerator.device
+    else:
+        device = next(model.parameters()).device
+    if batch_size < world:
+        raise TrainingError(f"batch_size {batch_size} is smaller than the {world} training processes")
+    start = 0
+    state = checkpoints.load() if checkpoints else None
+    if state is not None:
+        current = dict(model.named_parameters())
+        with torch.no_grad():
+            for name, value in state["trainable"].items():
+                current[name].copy_(value.to(current[name].device))
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        train_log = TrainLog(state["log"]["losses"], state["log"]["extra"], resumed_from=state["step"])
+        torch.set_rng_state(state["rng"])
+        start = state["step"]
+        log.info("%s: resuming from the checkpoint at step %d of %d", desc, start, schedule.steps)
+    ema: float | None = None
+    for loss in train_log.losses:
+        ema = loss if ema is None else 0.9 * ema + 0.1 * loss
+    runner.train()
+    bar = tqdm(total=schedule.steps, initial=start, desc=desc, mininterval=1.0, disable=rank != 0)
+    for step, idx in enumerate(_batches(n, batch_size, schedule.steps, seed)):
+        if step < start:
+            continue  # the data order of a resumed run is the uninterrupted one's
+        loss, stats = step_fn(runner, idx[rank::world], device)
+        value = loss.detach()
+        if accelerator is not None and world > 1:
+            value = accelerator.reduce(value, "mean")
+        if not torch.isfinite(value):
+            raise TrainingError(f"{desc}: loss is {value.item()} at step {step}; stopping without writing a model")
+        opt.zero_grad(set_to_none=True)
+        if accelerator is not None:
+            accelerator.backward(loss)
+            accelerator.clip_grad_norm_(params, max_grad_norm)
+        else:
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        opt.step()
+        sched.step()
+        train_log.add(value.item(), **stats)
+        bar.update(1)
+        ema = value.item() if ema is None else 0.9 * ema + 0.1 * value.item()
+        if checkpoints and checkpoints.due(step + 1, schedule.steps):
+            checkpoints.save({
+                "step": step + 1,
+                "trainable": {k: v.detach().cpu() for k, v in zip(names, params)},
+                "optimizer": opt.state_dict(),
+                "scheduler": sched.state_dict(),
+                "log": {"losses": train_log.losses, "extra": train_log.extra},
+                "rng": torch.get_rng_state(),
+            })
+        if stop_loss is not None and ema < stop_loss:
+            break
+    bar.close()
+    runner.eval()
+    if accelerator is not None:
+        accelerator.wait_for_everyone()
+    if checkpoints:
+        checkpoints.finish(len(train_log.losses))
+    return train_log
+
+
+def _to(batch: dict[str, torch.Tensor], idx: list[int], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v[idx].to(device) for k, v in batch.items()}
 
 
 def train_sft(
@@ -101,36 +255,43 @@ def train_sft(
     max_grad_norm: float = 1.0,
     desc: str = "sft",
     stop_loss: float | None = None,
+    accelerator=None,
+    checkpoints: Checkpoints | None = None,
 ) -> TrainLog:
     """Fine-tune on (prompt, response) pairs with the token-mean NLL of the response.
 
     With `stop_loss`, training ends early once a moving average of the loss falls below it.
     """
-    log = TrainLog()
-    if not prompts or schedule.steps == 0:
-        return log
-    device = next(model.parameters()).device
+    if not prompts:
+        return TrainLog()
     data = encode_for_training(tokenizer, prompts, responses)
-    params, opt, sched = _optimizer(model, schedule)
-    ema: float | None = None
-    model.train()
-    for step, idx in enumerate(tqdm(_batches(len(prompts), batch_size, schedule.steps, seed),
-                                    total=schedule.steps, desc=desc, mininterval=1.0)):
-        batch = {k: v[idx].to(device) for k, v in data.items()}
-        logps, mask = token_logprobs(model, batch)
-        loss = sft_loss(logps, mask)
-        _update(loss, step, params, opt, sched, max_grad_norm)
-        log.add(loss.item())
-        ema = loss.item() if ema is None else 0.9 * ema + 0.1 * loss.item()
-        if stop_loss is not None and ema < stop_loss:
-            break
+
+    def step(runner, idx, device):
+        logps, mask = token_logprobs(runner, _to(data, idx, device))
+        return sft_loss(logps, mask), {}
+
+    return fit(model, len(prompts), step, schedule, batch_size, seed, max_grad_norm, desc, stop_loss,
+               accelerator, checkpoints)
+
+
+@torch.no_grad()
+def reference_logprobs(model: torch.nn.Module, data: dict[str, torch.Tensor], batch_size: int = 256) -> torch.Tensor:
+    """Per-token log-probs (N, T-1) of every row of `data` under `model` as it is now."""
+    device = next(model.parameters()).device
+    was_training = model.training
     model.eval()
-    return log
+    out = []
+    for start in range(0, len(data["input_ids"]), batch_size):
+        idx = list(range(start, min(start + batch_size, len(data["input_ids"]))))
+        out.append(token_logprobs(model, _to(data, idx, device))[0].float().cpu())
+    model.train(was_training)
+    return torch.cat(out)
 
 
-def train_dpo(
+def train_preference(
     model: torch.nn.Module,
     tokenizer: PreTrainedTokenizerBase,
+    algorithm: Algorithm,
     prompts: list[str],
     chosen: list[str],
     rejected: list[str],
@@ -138,36 +299,88 @@ def train_dpo(
     batch_size: int,
     seed: int,
     beta: float,
-    nll_weight: float,
+    nll_weight: float = 0.0,
+    consistency: list[float] | None = None,
     max_grad_norm: float = 1.0,
+    accelerator=None,
+    checkpoints: Checkpoints | None = None,
 ) -> TrainLog:
-    """DPO on a LoRA-wrapped model; the reference is the same model with its adapter disabled."""
-    log = TrainLog()
-    if not prompts or schedule.steps == 0:
-        return log
-    if not hasattr(model, "disable_adapter"):
-        raise TrainingError("DPO needs a LoRA adapter: its reference is the model with the adapter off")
-    device = next(model.parameters()).device
+    """DPO, IPO, SPIN or CREAM on (prompt, chosen, rejected); the reference is the starting model.
+
+    IPO uses length-normalised (token-mean) log-probs as TRL does; the others summed log-probs.
+    The NLL term on the chosen answer (iterative RPO) applies to dpo and cream.
+    """
+    if not prompts:
+        return TrainLog()
     enc_c = encode_for_training(tokenizer, prompts, chosen)
     enc_r = encode_for_training(tokenizer, prompts, rejected)
-    params, opt, sched = _optimizer(model, schedule)
-    model.train()
-    for step, idx in enumerate(tqdm(_batches(len(prompts), batch_size, schedule.steps, seed),
-                                    total=schedule.steps, desc="dpo", mininterval=1.0)):
-        bc = {k: v[idx].to(device) for k, v in enc_c.items()}
-        br = {k: v[idx].to(device) for k, v in enc_r.items()}
-        with torch.no_grad(), model.disable_adapter():
-            ref_c = token_logprobs(model, bc)[0].sum(-1)
-            ref_r = token_logprobs(model, br)[0].sum(-1)
-        lc, mc = token_logprobs(model, bc)
-        lr_, _ = token_logprobs(model, br)
+    ref_c, ref_r = reference_logprobs(model, enc_c), reference_logprobs(model, enc_r)
+    mean = algorithm == Algorithm.ipo
+    len_c, len_r = enc_c["loss_mask"][:, 1:].sum(-1), enc_r["loss_mask"][:, 1:].sum(-1)
+    if mean:
+        ref_c_seq, ref_r_seq = ref_c.sum(-1) / len_c.clamp(min=1), ref_r.sum(-1) / len_r.clamp(min=1)
+    else:
+        ref_c_seq, ref_r_seq = ref_c.sum(-1), ref_r.sum(-1)
+    cons = torch.tensor(consistency if consistency is not None else [0.5] * len(prompts), dtype=torch.float)
+
+    def step(runner, idx, device):
+        lc, mc = token_logprobs(runner, _to(enc_c, idx, device))
+        lr_, mr = token_logprobs(runner, _to(enc_r, idx, device))
+        pc, pr = lc.sum(-1), lr_.sum(-1)
+        if mean:
+            pc, pr = pc / mc.sum(-1).clamp(min=1), pr / mr.sum(-1).clamp(min=1)
+        rc, rr = ref_c_seq[idx].to(device), ref_r_seq[idx].to(device)
         nll = -lc.sum(-1) / mc.sum(-1).clamp(min=1)
-        loss, stats = dpo_loss(lc.sum(-1), lr_.sum(-1), ref_c, ref_r, beta, nll, nll_weight)
-        _update(loss, step, params, opt, sched, max_grad_norm)
-        log.add(
-            loss.item(),
-            reward_margin=stats["reward_margin"].mean().item(),
-            reward_accuracy=stats["reward_accuracy"].mean().item(),
-        )
-    model.eval()
-    return log
+        if algorithm == Algorithm.dpo:
+            loss, stats = dpo_loss(pc, pr, rc, rr, beta, nll, nll_weight)
+        elif algorithm == Algorithm.ipo:
+            loss, stats = ipo_loss(pc, pr, rc, rr, beta)
+        elif algorithm == Algorithm.spin:
+            loss, stats = spin_loss(pc, pr, rc, rr, beta)
+        elif algorithm == Algorithm.cream:
+            loss, stats = cream_loss(pc, pr, rc, rr, cons[idx].to(device), beta)
+            if nll_weight > 0:
+                loss = loss + nll_weight * nll.mean()
+        else:
+            raise ValueError(f"not a preference algorithm: {algorithm}")
+        return loss, {
+            "reward_margin": stats["reward_margin"].mean().item(),
+            "reward_accuracy": stats["reward_accuracy"].mean().item(),
+        }
+
+    return fit(model, len(prompts), step, schedule, batch_size, seed, max_grad_norm, algorithm.value,
+               accelerator=accelerator, checkpoints=checkpoints)
+
+
+def train_grpo(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str],
+    responses: list[str],
+    advantages: list[float],
+    schedule: Schedule,
+    batch_size: int,
+    seed: int,
+    clip_eps: float = 0.2,
+    kl_beta: float = 0.0,
+    max_grad_norm: float = 1.0,
+    accelerator=None,
+    checkpoints: Checkpoints | None = None,
+) -> TrainLog:
+    """GRPO on stored groups: the samples were drawn by the starting model, which is both pi_old
+    (the clipped ratio) and the KL reference; several epochs over them move the ratio off 1."""
+    if not prompts:
+        return TrainLog()
+    data = encode_for_training(tokenizer, prompts, responses)
+    old = reference_logprobs(model, data)
+    adv = torch.tensor(advantages, dtype=torch.float)
+
+    def step(runner, idx, device):
+        logps, mask = token_logprobs(runner, _to(data, idx, device))
+        o = old[idx].to(device)
+        loss, stats = grpo_loss(logps, o, adv[idx].to(device), mask, clip_eps,
+                                ref_logps=o if kl_beta > 0 else None, kl_beta=kl_beta)
+        return loss, {k: float(v) for k, v in stats.items()}
+
+    return fit(model, len(prompts), step, schedule, batch_size, seed, max_grad_norm, "grpo",
+               accelerator=accelerator, checkpoints=checkpoints)
