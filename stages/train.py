@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
 
         params.iteration_index(args.iteration)
         set_threads()
-        accelerator = Accelerator()
+        accelerator = Accelerator(cpu=not torch.cuda.is_available())  # CPU: DDP over gloo
         pairs = art.read_table(args.pairs, art.PAIRS)
         sft = art.read_table(args.sft, art.SFT)
         groups = art.read_table(args.groups, art.GROUPS)
