@@ -118,3 +118,16 @@ def test_a_non_finite_loss_stops_training_without_writing_a_model(train_inputs, 
     err = capsys.readouterr().err
     assert "loss is nan at step 0" in err and "without writing a model" in err
     assert not (d / "nan" / "model").exists() and not (d / "nan" / "metrics.json").exists()
+
+
+def test_no_training_data_passes_the_model_on_and_leaves_the_checkpoint_dir(train_inputs):
+    from stages import train
+
+    d, argv = train_inputs
+    art.write_table(art.empty_table(art.SFT), d / "sft.parquet", art.SFT)
+    train.main(argv + _outs(d, "empty"))
+    assert art.read_json(d / "empty" / "metrics.json")["train_examples"] == 0
+    assert (d / "empty" / "ckpt" / "done.json").is_file()  # DVC's output exists even so
+    start = load_file(d / "start" / "model.safetensors")
+    after = load_file(d / "empty" / "model" / "model.safetensors")
+    assert all(torch.equal(start[k], after[k]) for k in start)

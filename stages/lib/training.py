@@ -168,6 +168,8 @@ def fit(
     """
     train_log = TrainLog()
     if n == 0 or schedule.steps == 0:
+        if checkpoints:
+            checkpoints.finish(0)
         return train_log
     params, opt, sched = _optimizer(model, schedule)
     names = [name for name, p in model.named_parameters() if p.requires_grad]
@@ -263,7 +265,7 @@ def train_sft(
     With `stop_loss`, training ends early once a moving average of the loss falls below it.
     """
     if not prompts:
-        return TrainLog()
+        return fit(model, 0, None, schedule, batch_size, seed, checkpoints=checkpoints)
     data = encode_for_training(tokenizer, prompts, responses)
 
     def step(runner, idx, device):
@@ -311,7 +313,7 @@ def train_preference(
     The NLL term on the chosen answer (iterative RPO) applies to dpo and cream.
     """
     if not prompts:
-        return TrainLog()
+        return fit(model, 0, None, schedule, batch_size, seed, checkpoints=checkpoints)
     enc_c = encode_for_training(tokenizer, prompts, chosen)
     enc_r = encode_for_training(tokenizer, prompts, rejected)
     ref_c, ref_r = reference_logprobs(model, enc_c), reference_logprobs(model, enc_r)
@@ -370,7 +372,7 @@ def train_grpo(
     """GRPO on stored groups: the samples were drawn by the starting model, which is both pi_old
     (the clipped ratio) and the KL reference; several epochs over them move the ratio off 1."""
     if not prompts:
-        return TrainLog()
+        return fit(model, 0, None, schedule, batch_size, seed, checkpoints=checkpoints)
     data = encode_for_training(tokenizer, prompts, responses)
     old = reference_logprobs(model, data)
     adv = torch.tensor(advantages, dtype=torch.float)
