@@ -4,6 +4,9 @@ Two protocols on the model after the iteration: `accuracy` (greedy) and `maj_acc
 on the held-out set, disjoint from every training prompt (generalisation), and `ttt_accuracy`
 (greedy) on the test-time set, whose prompts, never answers, the loop may train on (the
 protocol of TTRL). For the iteration's own samples: reward, judge quality, pairs, training.
+With a user's prompt file, accuracy covers the rows that have answers, and `win_rate` is the share
+of held-out prompts on which the new model's answer beats the previous model's, as the new model
+judges them with the rubric (Self-Rewarding's llm_judge; ties count 1/2).
 """
 
 from __future__ import annotations
@@ -15,11 +18,13 @@ import pandas as pd
 
 from .lib import artifacts as art
 from .lib.cli import derive_seed, run_stage
-from .lib.backends import Sampler, open_sampler
-from .lib.config import EvaluateConfig, Params
-from .lib.generation import SamplingSpec
-from .lib.judges import REGISTRY, judge_quality
-from .lib.models import set_threads
+from .lib.backends import HFSampler, Sampler, open_sampler
+from .lib.config import EvaluateConfig, JudgeConfig, JudgeMethod, Params, TaskName
+from .lib.generation import SamplingSpec, generate
+from .lib.judges import REGISTRY, JudgeContext, ModelHandle, judge_quality, template_path
+from .lib.models import load_model, set_threads
+from .lib.quality import win_rate
+from .lib.rubric import load_template
 from .lib.tasks import extract_answer, verify
 
 
@@ -38,16 +43,40 @@ def accuracy(preds: list[str | None], answers: list[str]) -> float:
 
 def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cfg: EvaluateConfig,
                   max_new_tokens: int, seed: int, progress: bool = True) -> dict[str, float]:
+    """Accuracy protocols over the rows that have an answer (a user's prompt file may have none)."""
     greedy = SamplingSpec(n=1, greedy=True, max_new_tokens=max_new_tokens, batch_size=cfg.batch_size)
     sampled = SamplingSpec(n=cfg.k, temperature=cfg.temperature, max_new_tokens=max_new_tokens,
                            batch_size=cfg.batch_size)
-    out = {}
+    heldout, ttt = heldout[heldout["answer"].notna()], ttt[ttt["answer"].notna()]
+    out: dict[str, float] = {}
     for name, df in (("accuracy", heldout), ("ttt_accuracy", ttt)):
+        if df.empty:
+            continue
         res = sampler.generate(list(df["prompt"]), greedy, seed, desc=name, progress=progress)
         out[name] = accuracy([extract_answer(r[0]) for r in res], list(df["answer"]))
+    if heldout.empty:
+        return out
     res = sampler.generate(list(heldout["prompt"]), sampled, seed, desc="maj@k", progress=progress)
     out["maj_accuracy"] = accuracy([plurality([extract_answer(x) for x in r]) for r in res], list(heldout["answer"]))
     return out
+
+
+def head_to_head(new: ModelHandle, old: ModelHandle, heldout: pd.DataFrame, judge_cfg: JudgeConfig,
+                 template: str, max_new_tokens: int, batch_size: int, seed: int) -> dict:
+    """Win rate of the new model against the previous one on the held-out prompts: each answers
+    greedily, the new model judges both answers with the rubric (llm_judge); ties count 1/2."""
+    prompts = list(heldout["prompt"])
+    spec = SamplingSpec(n=1, greedy=True, max_new_tokens=max_new_tokens, batch_size=batch_size)
+    answers = {}
+    for name, handle in (("new", new), ("old", old)):
+        answers[name] = [r[0] for r in generate(handle.model, handle.tokenizer, prompts, spec, seed, desc=name)]
+    frame = pd.DataFrame({"prompt_id": [f"{i}-{k}" for k in ("new", "old") for i in range(len(prompts))],
+                          "prompt": prompts * 2, "response": answers["new"] + answers["old"]})
+    ctx = JudgeContext(policy=new, template=template, seed=seed, batch_size=batch_size)
+    verdicts = REGISTRY[JudgeMethod.llm_judge].fn(frame, judge_cfg.model_copy(update={"max_prompts": None}), ctx)
+    n = len(prompts)
+    result = win_rate(verdicts.reward[:n], verdicts.reward[n:])
+    return {f"win_{k}" if k != "win_rate" else k: v for k, v in result.items()}
 
 
 def iteration_metrics(judgments: pd.DataFrame, pairs: pd.DataFrame, sft: pd.DataFrame, train: dict,
@@ -75,6 +104,7 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--judgments", help="in: the iteration's judgments (not for it0)")
     p.add_argument("--pairs", help="in: the iteration's pairs (not for it0)")
     p.add_argument("--sft", help="in: the iteration's best samples (not for it0)")
+    p.add_argument("--prev-model", help="in: the previous model (prompt files: win rate against it)")
     p.add_argument("--out", required=True, help="out: metrics.json")
 
 
@@ -88,6 +118,13 @@ def main(argv: list[str] | None = None) -> None:
         metrics = {"iteration": args.iteration, "step": step}
         metrics.update(model_metrics(sampler, heldout, ttt, params.evaluate,
                                      params.sample.max_new_tokens, derive_seed(params.seed, "evaluate")))
+        if args.prev_model and params.task.name == TaskName.prompts:
+            new = ModelHandle(sampler.model, sampler.tokenizer) if isinstance(sampler, HFSampler) else \
+                ModelHandle(*load_model(args.model, security=params.security))
+            old = ModelHandle(*load_model(args.prev_model, security=params.security))
+            metrics.update(head_to_head(new, old, heldout, params.judge, load_template(template_path(params)),
+                                        params.sample.max_new_tokens, params.evaluate.batch_size,
+                                        derive_seed(params.seed, "win-rate", args.iteration)))
         train = art.read_json(args.train_metrics)
         if args.judgments:
             metrics.update(iteration_metrics(

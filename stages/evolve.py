@@ -12,6 +12,11 @@ The bandit's state is an artifact of each iteration (`--curriculum`), updated un
 strategy, so a rerun is deterministic and the values can be compared. Every problem comes with
 equivalent rewrites (same answer) so that rewrite-agreement judges can work. For SPIN, prompts of
 the seed data (the base model's SFT set, with its reference answers) are added as posed.
+
+With the user's prompt file (`task.name: prompts`) the prompts are the file's training rows; `sec`
+draws `evolve.fresh` of them by category from the bandit, and `eva` adds rewrites of the most
+informative ones that the current model writes from stages/templates/rewrite_prompt.txt, filtered
+(empty, too long, near-duplicates of any prompt, held-out ones included).
 """
 
 from __future__ import annotations
@@ -25,8 +30,10 @@ import pandas as pd
 
 from .lib import artifacts as art
 from .lib.cli import derive_seed, run_stage, stage_provenance
-from .lib.config import EvolveConfig, EvolveStrategy, Params
-from .lib.curriculum import BanditState, allocate, category_rewards, update
+from .lib.config import EvolveConfig, EvolveStrategy, Params, TaskName
+from .lib.curriculum import NO_CATEGORY, BanditState, allocate, category_rewards, update
+from .lib.generation import SamplingSpec
+from .lib.prompt_files import REWRITE_TEMPLATE, filter_rewrites, render_rewrite_prompt
 from .lib.tasks import ArithmeticTask, Problem, make_task
 
 
@@ -133,6 +140,76 @@ def evolve(
     return pd.DataFrame(rows, columns=art.PROMPTS.names)
 
 
+REWRITE_TOKENS = 160  # characters (tokens of the default tokenizer) a rewrite may take
+
+
+def evolve_prompts(
+    cfg: EvolveConfig,
+    iteration: str,
+    seed: int,
+    ttt: pd.DataFrame,
+    heldout: pd.DataFrame,
+    prev_judgments: pd.DataFrame,
+    curriculum: BanditState,
+    rewrite=None,
+    max_chars: int = 2000,
+) -> tuple[pd.DataFrame, dict[str, int]]:
+    """The prompts of one iteration from the user's file; `rewrite(prompts) -> texts` is the model."""
+    rng = random.Random(seed)
+    pool = ttt.assign(iteration=iteration)
+    if cfg.strategy == EvolveStrategy.sec:
+        counts = allocate(curriculum, cfg.fresh, rng)
+        cats = pool["category"].fillna(NO_CATEGORY)
+        keep: list[int] = []
+        for cat in sorted(counts):
+            idx = list(pool.index[cats == cat])
+            keep += rng.sample(idx, min(counts[cat], len(idx)))
+        pool = pool.loc[sorted(keep)]
+    dropped: dict[str, int] = {}
+    rows = [pool]
+    if cfg.strategy == EvolveStrategy.eva and rewrite is not None:
+        parents = most_informative(prev_judgments, cfg.keep_top)
+        if parents:
+            texts = rewrite(parents)
+            existing = list(ttt["prompt"]) + list(heldout["prompt"])
+            kept_parents, candidates = [], []
+            for parent, text in zip(parents, texts):
+                candidates.append(text.split("\n", 1)[0])
+                kept_parents.append(parent)
+            kept, dropped = filter_rewrites(candidates, existing, max_chars)
+            category = dict(zip(prev_judgments["prompt"], prev_judgments["category"]))
+            parent_of = {c.strip(): p for p, c in zip(kept_parents, candidates)}
+            new = [{"iteration": iteration, "prompt_id": f"{iteration}-evolved-{i:05d}/v0",
+                    "group_id": f"{iteration}-evolved-{i:05d}", "variant": 0, "source": "evolved",
+                    "category": category.get(parent_of.get(text)), "prompt": text, "answer": None}
+                   for i, text in enumerate(kept)]
+            rows.append(pd.DataFrame(new, columns=art.PROMPTS.names))
+    out = pd.concat(rows, ignore_index=True)[art.PROMPTS.names]
+    return out, dropped
+
+
+def model_rewriter(model_dir: str, params: Params, seed: int):
+    """The current model as prompt writer: one rewrite per prompt from the repo's template."""
+    from .lib.generation import generate
+    from .lib.models import load_model, set_threads
+
+    template = REWRITE_TEMPLATE.read_text(encoding="utf-8")
+    loaded: list = []
+
+    def rewrite(prompts: list[str]) -> list[str]:
+        if not loaded:  # only when there is something to rewrite
+            set_threads()
+            loaded.extend(load_model(model_dir, security=params.security))
+        model, tok = loaded
+        spec = SamplingSpec(n=1, temperature=params.sample.temperature, top_p=params.sample.top_p,
+                            max_new_tokens=REWRITE_TOKENS, batch_size=params.sample.batch_size)
+        outs = generate(model, tok, [render_rewrite_prompt(template, p) for p in prompts], spec, seed,
+                        desc="rewrite")
+        return [o[0] for o in outs]
+
+    return rewrite
+
+
 def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iteration", required=True)
     p.add_argument("--ttt", required=True, help="in: test-time problems")
@@ -140,6 +217,7 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prev-judgments", required=True, help="in: previous iteration's judgments")
     p.add_argument("--seed-data", required=True, help="in: the base model's SFT data (SPIN's references)")
     p.add_argument("--prev-curriculum", required=True, help="in: the bandit state after the previous iteration")
+    p.add_argument("--model", required=True, help="in: the iteration's starting model (rewrites prompt files)")
     p.add_argument("--out", required=True, help="out: this iteration's prompts")
     p.add_argument("--curriculum", required=True, help="out: the bandit state of this iteration (json)")
 
@@ -154,11 +232,25 @@ def main(argv: list[str] | None = None) -> None:
             raise art.ArtifactError(f"{args.prev_curriculum}: cannot read ({err.strerror})") from None
         state = next_curriculum(state, params.evolve, prev)
         n_seed = params.seed_prompts()
+        seed = derive_seed(params.seed, "evolve", args.iteration)
+        prov = stage_provenance("evolve", args.iteration, params, ("seed", "task", "evolve"), [args.out])
+        if params.task.name == TaskName.prompts:
+            rewrite = None
+            if params.evolve.strategy == EvolveStrategy.eva and not prev.empty:
+                rewrite = model_rewriter(args.model, params, seed)
+            df, dropped = evolve_prompts(params.evolve, args.iteration, seed, art.read_table(args.ttt, art.PROMPTS),
+                                         art.read_table(args.heldout, art.PROMPTS), prev, state, rewrite,
+                                         params.task.max_prompt_chars)
+            prov["rewrites_dropped"] = dropped
+            art.write_table(df, args.out, art.PROMPTS, prov)
+            with art.atomic_path(args.curriculum) as tmp:
+                tmp.write_text(state.to_json(), encoding="utf-8")
+            return
         df = evolve(
             make_task(params.task),
             params.evolve,
             args.iteration,
-            derive_seed(params.seed, "evolve", args.iteration),
+            seed,
             art.read_table(args.ttt, art.PROMPTS),
             art.read_table(args.heldout, art.PROMPTS),
             prev,
@@ -166,7 +258,6 @@ def main(argv: list[str] | None = None) -> None:
             art.read_table(args.seed_data, art.SFT) if n_seed else None,
             n_seed,
         )
-        prov = stage_provenance("evolve", args.iteration, params, ("seed", "task", "evolve"), [args.out])
         prov["seed_prompts"] = n_seed
         art.write_table(df, args.out, art.PROMPTS, prov)
         with art.atomic_path(args.curriculum) as tmp:

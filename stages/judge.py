@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-from pathlib import Path
 
 from .lib import artifacts as art
 from .lib.cli import derive_seed, run_stage, stage_provenance
 from .lib.config import Algorithm, Params
 from .lib.errors import ConfigError
-from .lib.judges import REGISTRY, JudgeContext, ModelHandle, judge_quality, judge_samples
+from .lib.judges import REGISTRY, JudgeContext, ModelHandle, judge_quality, judge_samples, template_path
 from .lib.models import load_model, set_threads
 from .lib.rubric import load_template
 
@@ -39,11 +38,8 @@ def main(argv: list[str] | None = None) -> None:
         consistency = params.train.algorithm == Algorithm.cream
         template = None
         if judge.needs_template:
-            path = Path(cfg.template)
-            if not path.is_absolute() and not path.exists():
-                path = Path(__file__).resolve().parent.parent / path  # relative to the repo
             try:
-                template = load_template(path)
+                template = load_template(template_path(params))
             except (OSError, ValueError) as err:
                 raise ConfigError(f"judge.template: {err}") from None
         samples = art.read_table(args.samples, art.SAMPLES)

@@ -3,7 +3,12 @@
 Builds a character-level tokenizer and a tiny Llama-architecture model from params, and trains it
 briefly on the procedural task so it starts mediocre. Writes the held-out set (disjoint from every
 training prompt), the test-time set (prompts the loop may train on; answers only measure), the
-base model's SFT data, the base model, and an empty judgment table for iteration 0.
+base model's SFT data, the base model (and its untrained copy, it1's reference), an empty
+judgment table for iteration 0 and the curriculum's initial state.
+
+With `task.name: prompts` the held-out and test-time sets come from the user's prompt file,
+validated row by row (stages/lib/prompt_files.py) and split by `task.heldout_fraction`; the base
+model is still the embedded arithmetic one.
 """
 
 from __future__ import annotations
@@ -17,10 +22,13 @@ import pandas as pd
 
 from .lib import artifacts as art
 from .lib.cli import derive_seed, run_stage, stage_provenance
-from .lib.config import Params
+from .lib.config import Params, TaskConfig, TaskName
+from .lib.curriculum import NO_CATEGORY
+from .lib.errors import ConfigError
+from .lib.prompt_files import load_prompt_file
 from .lib.models import build_char_tokenizer, build_tiny_model, default_device, save_model, set_threads
-from .lib.tasks import Problem, make_task
 from .lib.curriculum import initial_state
+from .lib.tasks import Problem, make_task
 from .lib.training import Schedule, TrainLog, train_sft
 
 log = logging.getLogger(__name__)
@@ -53,9 +61,32 @@ class Prepared:
     init_model: object  # the same model before its warm-up: it1's reference
 
 
+def prompt_sets(cfg: TaskConfig, seed: int) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, int]]:
+    """Held-out and test-time sets from the user's prompt file (a seeded split)."""
+    rows, skipped = load_prompt_file(cfg.prompt_file, cfg.max_prompt_chars, cfg.on_error.value)
+    if skipped:
+        log.warning("%s: skipped %s", cfg.prompt_file, skipped)
+    if len(rows) < 2:
+        raise ConfigError(f"{cfg.prompt_file}: {len(rows)} usable prompt(s); at least 2 are needed "
+                          "(one held out, one to train on)")
+    order = rows.sample(frac=1.0, random_state=seed % 2**32).reset_index(drop=True)
+    n_held = min(len(rows) - 1, max(1, round(cfg.heldout_fraction * len(rows))))
+
+    def frame(df: pd.DataFrame, source: str) -> pd.DataFrame:
+        ids = [f"{source}-{i:05d}" for i in range(len(df))]
+        return pd.DataFrame({"iteration": "it0", "prompt_id": [f"{i}/v0" for i in ids], "group_id": ids,
+                             "variant": 0, "source": source, "category": list(df["category"]),
+                             "prompt": list(df["prompt"]), "answer": list(df["answer"])}, columns=art.PROMPTS.names)
+
+    return frame(order.iloc[:n_held], "heldout"), frame(order.iloc[n_held:], "ttt"), skipped
+
+
 def prepare(params: Params, progress: bool = True) -> Prepared:
     cfg = params.prepare
-    task = make_task(params.task)
+    user_sets = None
+    if params.task.name == TaskName.prompts:  # validate the user's file before any training
+        user_sets = prompt_sets(params.task, derive_seed(params.seed, "split"))
+    task = make_task(params.task if params.task.name == TaskName.arithmetic else TaskConfig())
     heldout, ttt, train = task.split(derive_seed(params.seed, "split"), cfg.train_size)
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(cfg.model, tokenizer, derive_seed(params.seed, "init")).to(default_device())
@@ -77,8 +108,17 @@ def prepare(params: Params, progress: bool = True) -> Prepared:
             "correct": 1.0,
         }
     )
-    return Prepared(problems_frame(heldout, "heldout"), problems_frame(ttt, "ttt"), seed_sft, model, tokenizer,
-                    train_log, init_model)
+    held_frame, ttt_frame = problems_frame(heldout, "heldout"), problems_frame(ttt, "ttt")
+    if user_sets is not None:
+        held_frame, ttt_frame, _ = user_sets
+    return Prepared(held_frame, ttt_frame, seed_sft, model, tokenizer, train_log, init_model)
+
+
+def categories(params: Params, prepared: Prepared) -> list[str]:
+    """The curriculum's arms: the task's categories, or those of the user's prompts."""
+    if params.task.name == TaskName.arithmetic:
+        return list(make_task(params.task).categories)
+    return sorted(set(prepared.ttt["category"].fillna(NO_CATEGORY)))
 
 
 def _args(p: argparse.ArgumentParser) -> None:
@@ -104,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
         art.write_table(art.empty_table(art.JUDGMENTS), args.judgments, art.JUDGMENTS, prov)
         art.write_json(out.log.summary(), args.metrics)
         with art.atomic_path(args.curriculum) as tmp:
-            tmp.write_text(initial_state(make_task(params.task).categories).to_json(), encoding="utf-8")
+            tmp.write_text(initial_state(categories(params, out)).to_json(), encoding="utf-8")
         save_model(out.model, out.tokenizer, args.model, prov)
         save_model(out.init_model, out.tokenizer, args.init_model, prov)
 

@@ -29,6 +29,7 @@ COLUMNS = [
     ("accuracy", "held-out acc"),
     ("maj_accuracy", "held-out maj@k"),
     ("ttt_accuracy", "test-time acc"),
+    ("win_rate", "win rate"),
     ("reward_mean", "self-reward"),
     ("judge_accuracy", "judge acc"),
     ("judge_auc", "judge AUC"),
@@ -45,7 +46,7 @@ PLOTS = {
     "accuracy.png": ("Accuracy per iteration", ["accuracy", "maj_accuracy", "ttt_accuracy"]),
     "judge.png": ("Self-judge quality (vs verifier)",
                   ["judge_accuracy", "judge_auc", "label_accuracy", "sample_accuracy"]),
-    "reward.png": ("Self-reward", ["reward_mean"]),
+    "reward.png": ("Self-reward and win rate", ["reward_mean", "win_rate"]),
     "pairs.png": ("Training data per iteration", ["num_pairs", "num_sft"]),
     "length.png": ("Mean response length (characters)", ["response_length"]),
 }
@@ -153,7 +154,13 @@ def summary_markdown(df: pd.DataFrame, params: Params, figures: list[str],
     first, last = df.iloc[0], df.iloc[-1]
     lines += ["", f"From {first['iteration']} to {last['iteration']}:"]
     for key, label in COLUMNS[:3]:
-        lines.append(f"- {label}: {first[key]:.3f} -> {last[key]:.3f} ({100 * (last[key] - first[key]):+.1f} points)")
+        if key in df.columns and pd.notna(first.get(key)) and pd.notna(last.get(key)):
+            lines.append(f"- {label}: {first[key]:.3f} -> {last[key]:.3f} "
+                         f"({100 * (last[key] - first[key]):+.1f} points)")
+    if "win_judged" in df.columns:
+        lines.append("- win rate against the previous model, judged by the new one (prompts with both answers "
+                     "scored): " + ", ".join(f"{r['iteration']} {_fmt(r.get('win_rate'))} "
+                                             f"({_fmt(r.get('win_judged'))})" for _, r in df.iloc[1:].iterrows()))
     lines += [""] + [f"![{f}]({f})" for f in figures] + [""]
     if per_iteration:
         lines += examples_markdown(per_iteration)

@@ -83,3 +83,94 @@ def test_every_method_runs_the_loop(variant_run):
         changed = [k for k in before if not (before[k] == after[k]).all()]
         assert "lm_head.weight" in changed and any("embed" in k for k in changed)  # not an adapter
     assert isinstance(j1, pd.DataFrame)
+
+
+def test_instruction_prompt_file_loop_with_llm_judge(tmp_path, tiny_raw, monkeypatch):
+    """The shipped instruction file, no answers: llm_judge on the tiny model, eva rewrites, win rate."""
+    from .conftest import ROOT
+
+    raw = deep_merge(tiny_raw, {
+        "task": {"name": "prompts", "prompt_file": str(ROOT / "data/instructions.jsonl")},
+        "judge": {"method": "llm_judge", "max_prompts": 4, "judgments": 2, "max_new_tokens": 12},
+        "sample": {"max_new_tokens": 12},
+        "evolve": {"strategy": "eva", "keep_top": 3},
+    })
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(raw))
+    run_all(tmp_path, params, monkeypatch)
+    heldout = art.read_table(tmp_path / "data/task/heldout.parquet", art.PROMPTS)
+    ttt = art.read_table(tmp_path / "data/task/ttt.parquet", art.PROMPTS)
+    assert len(heldout) + len(ttt) == 41 and heldout["answer"].isna().all()
+    prompts = art.read_table(tmp_path / "data/it1/prompts.parquet", art.PROMPTS)
+    assert set(prompts["prompt"]) == set(ttt["prompt"])  # it1: nothing judged yet to evolve from
+    for it in ("it1", "it2", "it3"):
+        m = art.read_json(tmp_path / "reports" / it / "metrics.json")
+        assert "accuracy" not in m  # no answers, no accuracy
+        assert m["win_judged"] + 0 >= 0 and "parse_failure_rate" in m
+        j = art.read_table(tmp_path / "data" / it / "judgments.parquet", art.JUDGMENTS)
+        assert j["correct"].isna().all()
+        assert j.loc[j["parse_rate"] == 0, "reward"].isna().all()  # unparsed: dropped, not scored
+    summary = (tmp_path / "reports/summary.md").read_text()
+    assert "win rate" in summary and "Reward-hacking alarm" in summary
+
+
+def _user_prompts() -> pd.DataFrame:
+    rows = [("Explain rain in one sentence.", "explain"), ("List three fruits.", "list"),
+            ("Give a synonym for quick.", "synonym"), ("Explain why the sky is blue.", "explain")]
+    return pd.DataFrame({"iteration": "it0", "prompt_id": [f"ttt-{i:05d}/v0" for i in range(4)],
+                         "group_id": [f"ttt-{i:05d}" for i in range(4)], "variant": 0, "source": "ttt",
+                         "category": [c for _, c in rows], "prompt": [p for p, _ in rows], "answer": None})
+
+
+def test_eva_on_a_prompt_file_adds_filtered_model_rewrites_of_the_informative_prompts():
+    from stages.evolve import evolve_prompts
+    from stages.lib.config import EvolveConfig
+    from stages.lib.curriculum import initial_state
+
+    ttt = _user_prompts()
+    judged = ttt.loc[ttt.index.repeat(2)].reset_index(drop=True)
+    judged["reward"] = [0.0, 1.0, 0.2, 0.8, 0.5, 0.5, 0.4, 0.4]  # spread: prompts 0 and 1 only
+    asked: list[list[str]] = []
+
+    def rewrite(prompts):
+        asked.append(prompts)
+        return ["Describe how snow forms, briefly.\nand more text", "List three fruits."][: len(prompts)]
+
+    out, dropped = evolve_prompts(EvolveConfig(strategy="eva", keep_top=2), "it2", 0, ttt, ttt.iloc[:0],
+                                  judged, initial_state(["explain", "list", "synonym"]), rewrite)
+    assert sorted(asked[0]) == ["Explain rain in one sentence.", "List three fruits."]
+    evolved = out[out["source"] == "evolved"]
+    assert list(evolved["prompt"]) == ["Describe how snow forms, briefly."]  # first line only
+    assert list(evolved["category"]) == ["explain"]
+    assert dropped == {"near_duplicate": 1}  # "List three fruits." is already a prompt
+    assert set(out["prompt"]) >= set(ttt["prompt"])
+
+
+def test_sec_on_a_prompt_file_draws_prompts_by_category():
+    from stages.evolve import evolve_prompts
+    from stages.lib.config import EvolveConfig
+    from stages.lib.curriculum import BanditState
+
+    ttt = _user_prompts()
+    state = BanditState(q={"explain": 5.0, "list": 0.0, "synonym": 0.0}, temperature=0.1)
+    out, _ = evolve_prompts(EvolveConfig(strategy="sec", fresh=2), "it2", 0, ttt, ttt.iloc[:0],
+                            ttt.iloc[:0].assign(reward=None), state)
+    assert list(out["category"]) == ["explain", "explain"]
+
+
+def test_a_malformed_prompt_file_stops_prepare_naming_the_row(tmp_path, tiny_raw, monkeypatch, capsys):
+    from stages import prepare
+
+    bad = tmp_path / "mine.jsonl"
+    bad.write_text('{"prompt": "fine"}\n{"prompt": ""}\n')
+    raw = deep_merge(tiny_raw, {"task": {"name": "prompts", "prompt_file": str(bad)},
+                                "judge": {"method": "llm_judge"}})
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    monkeypatch.chdir(tmp_path)
+    argv = ["--heldout", "h.parquet", "--ttt", "t.parquet", "--seed-data", "s.parquet", "--model", "m",
+            "--init-model", "i", "--judgments", "j.parquet", "--metrics", "x.json", "--curriculum", "c.json"]
+    with pytest.raises(SystemExit) as exit_:
+        prepare.main(argv + ["--params", "params.yaml"])
+    assert exit_.value.code == 2
+    assert f"{bad}: row 2, column 'prompt': empty prompt" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.jsonl", "params.yaml"]

@@ -23,13 +23,28 @@ class _Section(BaseModel):
 
 
 class TaskName(str, enum.Enum):
-    arithmetic = "arithmetic"
+    arithmetic = "arithmetic"  # procedural two-digit addition, verifiable
+    prompts = "prompts"  # the user's own prompt file (`prompt_file`); answers optional
+
+
+class OnError(str, enum.Enum):
+    fail = "raise"  # the first bad row stops prepare with its file, row and column
+    skip = "skip"  # bad rows are dropped and counted by reason
 
 
 class TaskConfig(_Section):
-    """The procedural, verifiable task and its two evaluation sets."""
+    """The task: procedural arithmetic, or the user's prompt file; and the evaluation sets."""
 
     name: TaskName = TaskName.arithmetic
+    prompt_file: str = Field(
+        "data/instructions.jsonl", min_length=1,
+        description="prompts: JSONL or parquet with `prompt`, optional `answer` and `category`",
+    )
+    on_error: OnError = Field(OnError.fail, description="prompts: a bad row raises, or is skipped and counted")
+    max_prompt_chars: int = Field(2000, ge=1, description="prompts: longer prompts are bad rows")
+    heldout_fraction: float = Field(
+        0.25, gt=0, lt=1, description="prompts: share of the file held out for evaluation (win rate)"
+    )
     min_operand: int = Field(10, ge=0)
     max_operand: int = Field(99, ge=1)
     heldout_size: int = Field(500, ge=1, description="held-out problems, disjoint from all training")
@@ -246,6 +261,10 @@ class Params(_Section):
             if link.ref != want:
                 raise ValueError(f"loop.{name}.ref: expected {want} (the model before {link.prev}), got {link.ref}")
             seen.add(name)
+        if self.task.name == TaskName.prompts and self.judge.method == JudgeMethod.co_reward:
+            raise ValueError("judge.method co_reward needs equivalent rewrites with the same answer, which "
+                             "only the arithmetic task makes; with task.name prompts use llm_judge, "
+                             "self_certainty or implicit_reward")
         if self.train.algorithm == Algorithm.spin and self.evolve.seed_prompts == 0:
             raise ValueError("train.algorithm spin needs evolve.seed_prompts > 0: SPIN pairs the seed "
                              "data's reference answers with the model's own samples")

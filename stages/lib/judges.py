@@ -84,6 +84,16 @@ class JudgeContext:
         return self._scores[which]
 
 
+def template_path(params) -> "Path":
+    """judge.template, relative to the working directory or else to the repo."""
+    from pathlib import Path
+
+    path = Path(params.judge.template)
+    if not path.is_absolute() and not path.exists():
+        path = Path(__file__).resolve().parents[2] / path
+    return path
+
+
 def vote_label(preds: list[str | None], min_share: float) -> str | None:
     """Plurality answer of `preds` if it is unique and has at least `min_share` of all votes."""
     counts = Counter(p for p in preds if p is not None)

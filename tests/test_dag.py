@@ -1,0 +1,43 @@
+"""dvc.yaml's deps name every module a stage imports, so a code change reruns the right stages."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import yaml
+
+from .conftest import ROOT
+
+
+def _imports(path: Path) -> set[str]:
+    """Repo modules (as paths) that `path` imports, directly or through other repo modules."""
+    seen: set[str] = set()
+    todo = [path]
+    while todo:
+        mod = todo.pop()
+        for node in ast.walk(ast.parse(mod.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = mod.parent
+                for _ in range(node.level - 1):
+                    base = base.parent
+                names = [node.module] if node.module else [a.name for a in node.names]
+                for name in names:
+                    target = base.joinpath(*name.split(".")).with_suffix(".py")
+                    rel = str(target.relative_to(ROOT))
+                    if target.is_file() and rel not in seen:
+                        seen.add(rel)
+                        todo.append(target)
+    return seen
+
+
+def test_every_stage_depends_on_the_modules_it_imports():
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    for name, spec in stages.items():
+        spec = spec.get("do", spec)
+        module = spec["cmd"].split()[2]
+        path = ROOT.joinpath(*module.split(".")).with_suffix(".py")
+        deps = set(spec["deps"])
+        assert str(path.relative_to(ROOT)) in deps, name
+        missing = _imports(path) - deps
+        assert not missing, f"{name}: dvc.yaml deps lack {sorted(missing)}"
