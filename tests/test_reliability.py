@@ -244,3 +244,20 @@ def test_two_loops_logging_at_once_leave_a_sound_mlflow_store(tmp_path):
     con = __import__("sqlite3").connect(tmp_path / "mlflow.db")
     assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
 
+
+
+def test_an_iteration_without_pairs_or_verdicts_is_still_logged(tmp_path):
+    """llm_judge on the tiny model judges nothing: empty pairs and example tables reach MLflow."""
+    from mlflow.tracking import MlflowClient
+
+    from stages.lib import artifacts as art
+    from stages.lib.tracking import IterationRecord, LoopRecord, MlflowTracker
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    empty = art.empty_table(art.PAIRS)
+    it = IterationRecord("it1", 1, {"parse_failure_rate": 1.0}, datasets=[("pairs", empty, str(tmp_path / "p"))],
+                         tables={"examples/it1_pairs.json": empty})
+    MlflowTracker("empty", uri).log_loop(LoopRecord("loop", {"seed": 0}, {}, [it]))
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("empty").experiment_id])
+    assert len(runs) == 2

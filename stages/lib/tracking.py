@@ -94,9 +94,12 @@ class MlflowTracker:
                     mlflow.log_params({"iteration": it.iteration, "step": it.step})
                     mlflow.log_metrics(it.metrics, step=it.step)
                     for context, rows, source in it.datasets:
+                        # an empty frame of arrow strings trips MLflow's schema inference
+                        rows = rows if len(rows) else rows.astype(object)
                         ds = mlflow.data.from_pandas(rows, source=source, name=f"{it.iteration}-{context}")
                         mlflow.log_input(ds, context=context)
                     for name, rows in it.tables.items():
+                        rows = rows if len(rows) else rows.astype(object)
                         mlflow.log_table(rows, artifact_file=name)
                         mlflow.log_table(rows, artifact_file=name, run_id=parent.info.run_id)
             for path in record.artifacts:
