@@ -115,3 +115,41 @@ def test_win_rate_by_hand():
                                                  "losses": 0}
     with pytest.raises(ValueError):
         win_rate([1, 2], [1])
+
+
+def _report(tmp_path, history, capsys):
+    import json
+
+    import yaml
+
+    from stages import report
+
+    from .conftest import TINY
+
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(TINY))
+    paths = []
+    for step, m in enumerate(history):
+        p = tmp_path / f"it{step}.json"
+        p.write_text(json.dumps({"iteration": f"it{step}", "step": step, **m}))
+        paths.append(str(p))
+    report.main(["--params", str(tmp_path / "params.yaml"), "--metrics", *paths, "--summary",
+                 str(tmp_path / "summary.md"), "--figures", str(tmp_path / "fig"), "--table", str(tmp_path / "t.csv")])
+    return (tmp_path / "summary.md").read_text(), capsys.readouterr().out
+
+
+def test_the_report_raises_the_alarm_for_a_hacked_history_and_only_then(tmp_path, capsys):
+    base = {"accuracy": 0.4, "maj_accuracy": 0.4, "ttt_accuracy": 0.4}
+    hacked = [base, {**base, "reward_mean": 0.5, "judge_auc": 0.80},
+              {**base, "reward_mean": 0.7, "judge_auc": 0.70}, {**base, "reward_mean": 0.9, "judge_auc": 0.60}]
+    (tmp_path / "a").mkdir()
+    summary, out = _report(tmp_path / "a", hacked, capsys)
+    assert "Reward-hacking alarm: FIRED" in summary
+    assert "it2: reward_mean rose 0.50 -> 0.70 while judge_auc fell 0.80 -> 0.70" in summary
+    # the last lines printed (what `dvc repro` ends on): the alarm and its two firings
+    assert out.rstrip().splitlines()[-3:][0] == "REWARD-HACKING ALARM:"
+    healthy = [base, {**base, "reward_mean": 0.5, "judge_auc": 0.70, "accuracy": 0.5},
+               {**base, "reward_mean": 0.7, "judge_auc": 0.75, "accuracy": 0.6},
+               {**base, "reward_mean": 0.9, "judge_auc": 0.80, "accuracy": 0.7}]
+    (tmp_path / "b").mkdir()
+    summary, out = _report(tmp_path / "b", healthy, capsys)
+    assert "Reward-hacking alarm: quiet" in summary and "REWARD-HACKING ALARM" not in out
