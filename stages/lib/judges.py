@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-import numpy as np
 import pandas as pd
 import torch
 
@@ -84,10 +84,8 @@ class JudgeContext:
         return self._scores[which]
 
 
-def template_path(params) -> "Path":
+def template_path(params) -> Path:
     """judge.template, relative to the working directory or else to the repo."""
-    from pathlib import Path
-
     path = Path(params.judge.template)
     if not path.is_absolute() and not path.exists():
         path = Path(__file__).resolve().parents[2] / path
@@ -299,10 +297,3 @@ def judge_quality(judgments: pd.DataFrame, verdict: bool = True) -> dict[str, fl
             )
     return out
 
-
-def reward_spread(judgments: pd.DataFrame) -> float | None:
-    """Mean within-prompt standard deviation of rewards (how much a judge separates samples)."""
-    scored = judgments.dropna(subset=["reward"])
-    if scored.empty:
-        return None
-    return float(np.nanmean(scored.assign(r=scored["reward"].astype(float)).groupby("prompt_id")["r"].std(ddof=0)))
