@@ -184,7 +184,7 @@ class TrainConfig(_Section):
     epochs: int = Field(4, ge=1)
     batch_size: int = Field(64, ge=1)
     beta: float = Field(0.1, gt=0, description="DPO temperature")
-    nll_weight: float = Field(1.0, ge=0, description="dpo/cream: weight of the NLL term on the chosen answer")
+    nll_weight: float = Field(1.0, ge=0, description="dpo/cream/spin: weight of the NLL term on the chosen answer")
     clip_eps: float = Field(0.2, gt=0, lt=1, description="grpo: ratio clipping")
     kl_beta: float = Field(0.0, ge=0, description="grpo: weight of the KL to the reference (0: off)")
     max_grad_norm: float = Field(1.0, gt=0)

@@ -310,7 +310,8 @@ def train_preference(
     """DPO, IPO, SPIN or CREAM on (prompt, chosen, rejected); the reference is the starting model.
 
     IPO uses length-normalised (token-mean) log-probs as TRL does; the others summed log-probs.
-    The NLL term on the chosen answer (iterative RPO) applies to dpo and cream.
+    The NLL term on the chosen answer (iterative RPO) applies to dpo, cream and spin (where the
+    chosen answer is the seed data's reference; `nll_weight: 0` gives SPIN's original loss).
     """
     if not prompts:
         return fit(model, 0, None, schedule, batch_size, seed, checkpoints=checkpoints)
@@ -339,6 +340,8 @@ def train_preference(
             loss, stats = ipo_loss(pc, pr, rc, rr, beta)
         elif algorithm == Algorithm.spin:
             loss, stats = spin_loss(pc, pr, rc, rr, beta)
+            if nll_weight > 0:
+                loss = loss + nll_weight * nll.mean()
         elif algorithm == Algorithm.cream:
             loss, stats = cream_loss(pc, pr, rc, rr, cons[idx].to(device), beta)
             if nll_weight > 0:
