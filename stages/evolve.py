@@ -32,7 +32,6 @@ from .lib import artifacts as art
 from .lib.cli import derive_seed, run_stage, stage_provenance
 from .lib.config import EvolveConfig, EvolveStrategy, Params, TaskName
 from .lib.curriculum import NO_CATEGORY, BanditState, allocate, category_rewards, update
-from .lib.generation import SamplingSpec
 from .lib.prompt_files import REWRITE_TEMPLATE, filter_rewrites, render_rewrite_prompt
 from .lib.tasks import ArithmeticTask, Problem, make_task
 
@@ -190,7 +189,7 @@ def evolve_prompts(
 
 def model_rewriter(model_dir: str, params: Params, seed: int):
     """The current model as prompt writer: one rewrite per prompt from the repo's template."""
-    from .lib.generation import generate
+    from .lib.generation import SamplingSpec, generate
     from .lib.models import load_model, set_threads
 
     template = REWRITE_TEMPLATE.read_text(encoding="utf-8")

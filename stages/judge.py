@@ -16,7 +16,6 @@ from .lib.cli import derive_seed, run_stage, stage_provenance
 from .lib.config import Algorithm, Params
 from .lib.errors import ConfigError
 from .lib.judges import REGISTRY, JudgeContext, ModelHandle, judge_quality, judge_samples, template_path
-from .lib.models import load_model, set_threads
 from .lib.rubric import load_template
 
 log = logging.getLogger(__name__)
@@ -46,6 +45,8 @@ def main(argv: list[str] | None = None) -> None:
         ctx = JudgeContext(template=template, seed=derive_seed(params.seed, "judge", args.iteration),
                            batch_size=params.sample.batch_size)
         if judge.needs_policy or judge.needs_reference or consistency:
+            from .lib.models import load_model, set_threads  # torch: only for judges that run a model
+
             set_threads()
         if judge.needs_policy:
             ctx.policy = ModelHandle(*load_model(args.model, security=params.security))

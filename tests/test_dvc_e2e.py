@@ -184,7 +184,8 @@ def test_mlflow_parent_and_child_runs(repo):
     top = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"summary.md", "figures", "iterations.csv", "examples"} <= top
     figures = {a.path for a in client.list_artifacts(parent.info.run_id, "figures")}
-    assert figures == {f"figures/{n}" for n in ("accuracy.png", "judge.png", "reward.png", "pairs.png", "length.png")}
+    assert figures == {f"figures/{n}" for n in ("accuracy.png", "judge.png", "reward.png",
+                                                 "pairs.png", "length.png", "categories.png")}
 
 
 def test_experiment_with_override(repo):

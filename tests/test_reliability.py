@@ -93,8 +93,8 @@ def test_at_least_thirty_bad_params_cases():
 
 def _judge(tmp_path, samples: Path, params: Path, capsys) -> str:
     with pytest.raises(SystemExit) as exit_:
-        judge.main(["--iteration", "it1", "--samples", str(samples), "--out", str(tmp_path / "j.parquet"),
-                    "--params", str(params)])
+        judge.main(["--iteration", "it1", "--samples", str(samples), "--model", "m", "--ref-model", "m",
+                    "--out", str(tmp_path / "j.parquet"), "--params", str(params)])
     assert exit_.value.code == 2
     assert not (tmp_path / "j.parquet").exists()
     return capsys.readouterr().err

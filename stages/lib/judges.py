@@ -32,10 +32,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import pandas as pd
-import torch
 
 from .config import JudgeConfig, JudgeMethod
-from .generation import SamplingSpec, generate, score
 from .quality import consistency_from_tau, kendall_tau, roc_auc
 from .rubric import mean_score, parse_score, render
 from .tasks import verify
@@ -52,7 +50,7 @@ class Verdicts:
 
 @dataclass
 class ModelHandle:
-    model: torch.nn.Module
+    model: "torch.nn.Module"  # noqa: F821 - torch is imported only by the judges that run a model
     tokenizer: object
 
     @property
@@ -75,6 +73,8 @@ class JudgeContext:
     def scores(self, which: str, samples: pd.DataFrame):
         """Log-prob scores of every sample under `policy` or `reference` (computed once)."""
         if which not in self._scores:
+            from .generation import score
+
             handle = getattr(self, which)
             if handle is None:
                 raise ValueError(f"this judge needs the {which} model")
@@ -148,6 +148,7 @@ def judged_prompts(prompt_ids: list[str], max_prompts: int | None, seed: int) ->
 def _llm_judge(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext) -> Verdicts:
     if ctx.policy is None or ctx.template is None:
         raise ValueError("llm_judge needs the policy model and the rubric template")
+    from .generation import SamplingSpec, generate
     tok = ctx.policy.tokenizer
     chosen = judged_prompts(list(samples["prompt_id"]), cfg.max_prompts, ctx.seed)
     # each distinct (prompt, response) is judged once, `judgments` times

@@ -23,8 +23,6 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy.stats import kendalltau
-from sklearn.metrics import roc_auc_score
 
 QUALITY_KEYS = ("judge_accuracy", "judge_auc", "accuracy")
 
@@ -60,6 +58,8 @@ def roc_auc(rewards: Iterable[Any], correct: Iterable[Any]) -> float | None:
         raise ValueError("correct must be 0 or 1 (or missing)")
     if (c == 1).sum() < 1 or (c == 0).sum() < 1:
         return None
+    from sklearn.metrics import roc_auc_score  # imported when used: a second of start-up otherwise
+
     return float(roc_auc_score(c.astype(int), r))
 
 
@@ -71,6 +71,8 @@ def kendall_tau(a: Iterable[Any], b: Iterable[Any]) -> float | None:
     x, y = _paired(a, b)
     if len(x) < 2 or len(np.unique(x)) < 2 or len(np.unique(y)) < 2:
         return None
+    from scipy.stats import kendalltau
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tau = kendalltau(x, y, variant="b").statistic
