@@ -69,11 +69,13 @@ def head_to_head(new: ModelHandle, old: ModelHandle, heldout: pd.DataFrame, judg
     spec = SamplingSpec(n=1, greedy=True, max_new_tokens=max_new_tokens, batch_size=batch_size)
     answers = {}
     for name, handle in (("new", new), ("old", old)):
-        answers[name] = [r[0] for r in generate(handle.model, handle.tokenizer, prompts, spec, seed, desc=name)]
+        outs = generate(handle.model, handle.tokenizer, prompts, spec, seed, desc=name)
+        answers[name] = [r[0] for r in outs]
     frame = pd.DataFrame({"prompt_id": [f"{i}-{k}" for k in ("new", "old") for i in range(len(prompts))],
                           "prompt": prompts * 2, "response": answers["new"] + answers["old"]})
     ctx = JudgeContext(policy=new, template=template, seed=seed, batch_size=batch_size)
-    verdicts = REGISTRY[JudgeMethod.llm_judge].fn(frame, judge_cfg.model_copy(update={"max_prompts": None}), ctx)
+    every_prompt = judge_cfg.model_copy(update={"max_prompts": None})
+    verdicts = REGISTRY[JudgeMethod.llm_judge].fn(frame, every_prompt, ctx)
     n = len(prompts)
     result = win_rate(verdicts.reward[:n], verdicts.reward[n:])
     return {f"win_{k}" if k != "win_rate" else k: v for k, v in result.items()}

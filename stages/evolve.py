@@ -215,8 +215,10 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heldout", required=True, help="in: held-out problems (never posed)")
     p.add_argument("--prev-judgments", required=True, help="in: previous iteration's judgments")
     p.add_argument("--seed-data", required=True, help="in: the base model's SFT data (SPIN's references)")
-    p.add_argument("--prev-curriculum", required=True, help="in: the bandit state after the previous iteration")
-    p.add_argument("--model", required=True, help="in: the iteration's starting model (rewrites prompt files)")
+    p.add_argument("--prev-curriculum", required=True,
+                   help="in: the bandit state after the previous iteration")
+    p.add_argument("--model", required=True,
+                   help="in: the iteration's starting model (it rewrites prompts of a prompt file)")
     p.add_argument("--out", required=True, help="out: this iteration's prompts")
     p.add_argument("--curriculum", required=True, help="out: the bandit state of this iteration (json)")
 
@@ -226,9 +228,10 @@ def main(argv: list[str] | None = None) -> None:
         params.iteration_index(args.iteration)
         prev = art.read_table(args.prev_judgments, art.JUDGMENTS)
         try:
-            state = BanditState.from_json(Path(args.prev_curriculum).read_text(encoding="utf-8"), args.prev_curriculum)
+            text = Path(args.prev_curriculum).read_text(encoding="utf-8")
         except OSError as err:
             raise art.ArtifactError(f"{args.prev_curriculum}: cannot read ({err.strerror})") from None
+        state = BanditState.from_json(text, args.prev_curriculum)
         state = next_curriculum(state, params.evolve, prev)
         n_seed = params.seed_prompts()
         seed = derive_seed(params.seed, "evolve", args.iteration)
@@ -237,9 +240,10 @@ def main(argv: list[str] | None = None) -> None:
             rewrite = None
             if params.evolve.strategy == EvolveStrategy.eva and not prev.empty:
                 rewrite = model_rewriter(args.model, params, seed)
-            df, dropped = evolve_prompts(params.evolve, args.iteration, seed, art.read_table(args.ttt, art.PROMPTS),
-                                         art.read_table(args.heldout, art.PROMPTS), prev, state, rewrite,
-                                         params.task.max_prompt_chars)
+            df, dropped = evolve_prompts(
+                params.evolve, args.iteration, seed, art.read_table(args.ttt, art.PROMPTS),
+                art.read_table(args.heldout, art.PROMPTS), prev, state, rewrite, params.task.max_prompt_chars,
+            )
             prov["rewrites_dropped"] = dropped
             art.write_table(df, args.out, art.PROMPTS, prov)
             with art.atomic_path(args.curriculum) as tmp:

@@ -25,7 +25,8 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iteration", required=True)
     p.add_argument("--samples", required=True, help="in: samples (parquet)")
     p.add_argument("--model", required=True, help="in: the model that wrote the samples")
-    p.add_argument("--ref-model", required=True, help="in: the model before it (it0 for it1)")
+    p.add_argument("--ref-model", required=True,
+                   help="in: the model before it (for it1: the base before its warm-up)")
     p.add_argument("--out", required=True, help="out: judgments (parquet)")
 
 

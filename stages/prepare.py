@@ -74,9 +74,10 @@ def prompt_sets(cfg: TaskConfig, seed: int) -> tuple[pd.DataFrame, pd.DataFrame,
 
     def frame(df: pd.DataFrame, source: str) -> pd.DataFrame:
         ids = [f"{source}-{i:05d}" for i in range(len(df))]
-        return pd.DataFrame({"iteration": "it0", "prompt_id": [f"{i}/v0" for i in ids], "group_id": ids,
-                             "variant": 0, "source": source, "category": list(df["category"]),
-                             "prompt": list(df["prompt"]), "answer": list(df["answer"])}, columns=art.PROMPTS.names)
+        cols = {"iteration": "it0", "prompt_id": [f"{i}/v0" for i in ids], "group_id": ids, "variant": 0,
+                "source": source, "category": list(df["category"]), "prompt": list(df["prompt"]),
+                "answer": list(df["answer"])}
+        return pd.DataFrame(cols, columns=art.PROMPTS.names)
 
     return frame(order.iloc[:n_held], "heldout"), frame(order.iloc[n_held:], "ttt"), skipped
 

@@ -158,9 +158,10 @@ def summary_markdown(df: pd.DataFrame, params: Params, figures: list[str],
             lines.append(f"- {label}: {first[key]:.3f} -> {last[key]:.3f} "
                          f"({100 * (last[key] - first[key]):+.1f} points)")
     if "win_judged" in df.columns:
-        lines.append("- win rate against the previous model, judged by the new one (prompts with both answers "
-                     "scored): " + ", ".join(f"{r['iteration']} {_fmt(r.get('win_rate'))} "
-                                             f"({_fmt(r.get('win_judged'))})" for _, r in df.iloc[1:].iterrows()))
+        wins = ", ".join(f"{r['iteration']} {_fmt(r.get('win_rate'))} ({_fmt(r.get('win_judged'))})"
+                         for _, r in df.iloc[1:].iterrows())
+        lines.append("- win rate against the previous model, judged by the new one (prompts with both "
+                     f"answers scored): {wins}")
     lines += [""] + [f"![{f}]({f})" for f in figures] + [""]
     if per_iteration:
         lines += examples_markdown(per_iteration)

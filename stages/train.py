@@ -70,7 +70,8 @@ def train(model, tokenizer, pairs: pd.DataFrame, sft: pd.DataFrame, groups: pd.D
 def fingerprint(params: Params, iteration: str, model_dir: str | Path, *tables: pd.DataFrame) -> str:
     """What a checkpoint belongs to: the train params, the data and the starting model's weights."""
     h = hashlib.sha256()
-    h.update(json.dumps([params.seed, iteration, params.train.model_dump(mode="json")], sort_keys=True).encode())
+    head = [params.seed, iteration, params.train.model_dump(mode="json")]
+    h.update(json.dumps(head, sort_keys=True).encode())
     for t in tables:
         h.update(pd.util.hash_pandas_object(t, index=False).to_numpy().tobytes())
     for f in sorted(Path(model_dir).glob("*.safetensors")):
@@ -104,12 +105,13 @@ def main(argv: list[str] | None = None) -> None:
         model, tokenizer = load_model(args.model, device="cpu", security=params.security)
         ckpt = None
         if args.checkpoints:
-            ckpt = Checkpoints(args.checkpoints, fingerprint(params, args.iteration, args.model, pairs, sft, groups),
-                               params.train.checkpoint_every, accelerator.is_main_process)
+            key = fingerprint(params, args.iteration, args.model, pairs, sft, groups)
+            ckpt = Checkpoints(args.checkpoints, key, params.train.checkpoint_every, accelerator.is_main_process)
         if accelerator.num_processes > 1:
             log.info("training on %d processes (%s)", accelerator.num_processes, accelerator.distributed_type)
+        seed = derive_seed(params.seed, "train", args.iteration)
         merged, train_log, n = train(model.to(accelerator.device), tokenizer, pairs, sft, groups, params.train,
-                                     derive_seed(params.seed, "train", args.iteration), accelerator, ckpt)
+                                     seed, accelerator, ckpt)
         if not accelerator.is_main_process:
             return
         metrics = {"train_examples": n, "train_processes": accelerator.num_processes,

@@ -40,7 +40,9 @@ class TaskConfig(_Section):
         "data/instructions.jsonl", min_length=1,
         description="prompts: JSONL or parquet with `prompt`, optional `answer` and `category`",
     )
-    on_error: OnError = Field(OnError.fail, description="prompts: a bad row raises, or is skipped and counted")
+    on_error: OnError = Field(
+        OnError.fail, description="prompts: a bad row raises, or is skipped and counted"
+    )
     max_prompt_chars: int = Field(2000, ge=1, description="prompts: longer prompts are bad rows")
     heldout_fraction: float = Field(
         0.25, gt=0, lt=1, description="prompts: share of the file held out for evaluation (win rate)"
