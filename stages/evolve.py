@@ -245,23 +245,20 @@ def main(argv: list[str] | None = None) -> None:
                 art.read_table(args.heldout, art.PROMPTS), prev, state, rewrite, params.task.max_prompt_chars,
             )
             prov["rewrites_dropped"] = dropped
-            art.write_table(df, args.out, art.PROMPTS, prov)
-            with art.atomic_path(args.curriculum) as tmp:
-                tmp.write_text(state.to_json(), encoding="utf-8")
-            return
-        df = evolve(
-            make_task(params.task),
-            params.evolve,
-            args.iteration,
-            seed,
-            art.read_table(args.ttt, art.PROMPTS),
-            art.read_table(args.heldout, art.PROMPTS),
-            prev,
-            state,
-            art.read_table(args.seed_data, art.SFT) if n_seed else None,
-            n_seed,
-        )
-        prov["seed_prompts"] = n_seed
+        else:
+            df = evolve(
+                make_task(params.task),
+                params.evolve,
+                args.iteration,
+                seed,
+                art.read_table(args.ttt, art.PROMPTS),
+                art.read_table(args.heldout, art.PROMPTS),
+                prev,
+                state,
+                art.read_table(args.seed_data, art.SFT) if n_seed else None,
+                n_seed,
+            )
+            prov["seed_prompts"] = n_seed
         art.write_table(df, args.out, art.PROMPTS, prov)
         with art.atomic_path(args.curriculum) as tmp:
             tmp.write_text(state.to_json(), encoding="utf-8")

@@ -82,7 +82,6 @@ def test_every_method_runs_the_loop(variant_run):
         after = load_file(root / "data/it2/model/model.safetensors")
         changed = [k for k in before if not (before[k] == after[k]).all()]
         assert "lm_head.weight" in changed and any("embed" in k for k in changed)  # not an adapter
-    assert isinstance(j1, pd.DataFrame)
 
 
 def test_instruction_prompt_file_loop_with_llm_judge(tmp_path, tiny_raw, monkeypatch):
@@ -106,7 +105,7 @@ def test_instruction_prompt_file_loop_with_llm_judge(tmp_path, tiny_raw, monkeyp
     for it in ("it1", "it2", "it3"):
         m = art.read_json(tmp_path / "reports" / it / "metrics.json")
         assert "accuracy" not in m  # no answers, no accuracy
-        assert m["win_judged"] + 0 >= 0 and "parse_failure_rate" in m
+        assert m["win_judged"] == 0 and m["parse_failure_rate"] == 1.0  # the tiny model cannot judge
         j = art.read_table(tmp_path / "data" / it / "judgments.parquet", art.JUDGMENTS)
         assert j["correct"].isna().all()
         assert j.loc[j["parse_rate"] == 0, "reward"].isna().all()  # unparsed: dropped, not scored
