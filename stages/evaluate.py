@@ -42,18 +42,23 @@ def accuracy(preds: list[str | None], answers: list[str]) -> float:
 
 
 def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cfg: EvaluateConfig,
-                  max_new_tokens: int, seed: int, progress: bool = True) -> dict[str, float]:
-    """Accuracy protocols over the rows that have an answer (a user's prompt file may have none)."""
-    greedy = SamplingSpec(n=1, greedy=True, max_new_tokens=max_new_tokens, batch_size=cfg.batch_size)
-    sampled = SamplingSpec(n=cfg.k, temperature=cfg.temperature, max_new_tokens=max_new_tokens,
+                  seed: int, progress: bool = True) -> dict[str, float]:
+    """Accuracy protocols over the rows that have an answer (a user's prompt file may have none),
+    and the share of greedy answers cut by `evaluate.max_new_tokens` (`eval_truncated_share`)."""
+    greedy = SamplingSpec(n=1, greedy=True, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size)
+    sampled = SamplingSpec(n=cfg.k, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                            batch_size=cfg.batch_size)
     heldout, ttt = heldout[heldout["answer"].notna()], ttt[ttt["answer"].notna()]
     out: dict[str, float] = {}
+    cut: list[bool] = []
     for name, df in (("accuracy", heldout), ("ttt_accuracy", ttt)):
         if df.empty:
             continue
         res = sampler.generate(list(df["prompt"]), greedy, seed, desc=name, progress=progress)
         out[name] = accuracy([extract_answer(r[0]) for r in res], list(df["answer"]))
+        cut += [t[0] for t in res.truncated]
+    if cut:
+        out["eval_truncated_share"] = sum(cut) / len(cut)
     if heldout.empty:
         return out
     res = sampler.generate(list(heldout["prompt"]), sampled, seed, desc="maj@k", progress=progress)
@@ -62,7 +67,8 @@ def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cf
 
 
 def head_to_head(new: ModelHandle, old: ModelHandle, heldout: pd.DataFrame, judge_cfg: JudgeConfig,
-                 template: str, max_new_tokens: int, batch_size: int, seed: int) -> dict:
+                 template: str, max_new_tokens: int, batch_size: int, seed: int,
+                 max_length: int | None = None) -> dict:
     """Win rate of the new model against the previous one on the held-out prompts: each answers
     greedily, the new model judges both answers with the rubric (llm_judge); ties count 1/2."""
     prompts = list(heldout["prompt"])
@@ -73,7 +79,7 @@ def head_to_head(new: ModelHandle, old: ModelHandle, heldout: pd.DataFrame, judg
         answers[name] = [r[0] for r in outs]
     frame = pd.DataFrame({"prompt_id": [f"{i}-{k}" for k in ("new", "old") for i in range(len(prompts))],
                           "prompt": prompts * 2, "response": answers["new"] + answers["old"]})
-    ctx = JudgeContext(policy=new, template=template, seed=seed, batch_size=batch_size)
+    ctx = JudgeContext(policy=new, template=template, seed=seed, batch_size=batch_size, max_length=max_length)
     every_prompt = judge_cfg.model_copy(update={"max_prompts": None})
     verdicts = REGISTRY[JudgeMethod.llm_judge].fn(frame, every_prompt, ctx)
     n = len(prompts)
@@ -93,6 +99,7 @@ def iteration_metrics(judgments: pd.DataFrame, pairs: pd.DataFrame, sft: pd.Data
         "num_pairs": int(len(pairs)),
         "num_sft": int(len(sft)),
         "response_length": float(judgments["response"].str.len().mean()) if len(judgments) else None,
+        "truncated_share": float(judgments["truncated"].astype(float).mean()) if len(judgments) else None,
         **{k: v for k, v in train.items() if isinstance(v, (int, float))},
     }
 
@@ -100,6 +107,7 @@ def iteration_metrics(judgments: pd.DataFrame, pairs: pd.DataFrame, sft: pd.Data
 def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iteration", required=True)
     p.add_argument("--model", required=True, help="in: the model to evaluate")
+    p.add_argument("--base", help="in: the base model (it0) that adapter chains apply to")
     p.add_argument("--heldout", required=True)
     p.add_argument("--ttt", required=True)
     p.add_argument("--train-metrics", required=True, help="in: training metrics of this model")
@@ -114,19 +122,20 @@ def main(argv: list[str] | None = None) -> None:
     def body(args: argparse.Namespace, params: Params) -> None:
         step = params.iteration_index(args.iteration)
         set_threads()
-        sampler = open_sampler(args.model, params.sample, params.security)
+        sampler = open_sampler(args.model, params.sample, params.security, args.base, params.model)
         heldout = art.read_table(args.heldout, art.PROMPTS)
         ttt = art.read_table(args.ttt, art.PROMPTS)
         metrics = {"iteration": args.iteration, "step": step}
-        metrics.update(model_metrics(sampler, heldout, ttt, params.evaluate,
-                                     params.sample.max_new_tokens, derive_seed(params.seed, "evaluate")))
+        metrics.update(model_metrics(sampler, heldout, ttt, params.evaluate, derive_seed(params.seed, "evaluate")))
         if args.prev_model and params.task.name == TaskName.prompts:
+            load = dict(security=params.security, base=args.base, model_cfg=params.model)
             new = ModelHandle(sampler.model, sampler.tokenizer) if isinstance(sampler, HFSampler) else \
-                ModelHandle(*load_model(args.model, security=params.security))
-            old = ModelHandle(*load_model(args.prev_model, security=params.security))
+                ModelHandle(*load_model(args.model, **load))
+            old = ModelHandle(*load_model(args.prev_model, **load))
             metrics.update(head_to_head(new, old, heldout, params.judge, load_template(template_path(params)),
-                                        params.sample.max_new_tokens, params.evaluate.batch_size,
-                                        derive_seed(params.seed, "win-rate", args.iteration)))
+                                        params.evaluate.max_new_tokens, params.evaluate.batch_size,
+                                        derive_seed(params.seed, "win-rate", args.iteration),
+                                        params.model.max_length))
         train = art.read_json(args.train_metrics)
         if args.judgments:
             metrics.update(iteration_metrics(

@@ -187,7 +187,7 @@ def evolve_prompts(
     return out, dropped
 
 
-def model_rewriter(model_dir: str, params: Params, seed: int):
+def model_rewriter(model_dir: str, params: Params, seed: int, base: str | None = None):
     """The current model as prompt writer: one rewrite per prompt from the repo's template."""
     from .lib.generation import SamplingSpec, generate
     from .lib.models import load_model, set_threads
@@ -198,7 +198,7 @@ def model_rewriter(model_dir: str, params: Params, seed: int):
     def rewrite(prompts: list[str]) -> list[str]:
         if not loaded:  # only when there is something to rewrite
             set_threads()
-            loaded.extend(load_model(model_dir, security=params.security))
+            loaded.extend(load_model(model_dir, security=params.security, base=base, model_cfg=params.model))
         model, tok = loaded
         spec = SamplingSpec(n=1, temperature=params.sample.temperature, top_p=params.sample.top_p,
                             max_new_tokens=REWRITE_TOKENS, batch_size=params.sample.batch_size)
@@ -219,6 +219,7 @@ def _args(p: argparse.ArgumentParser) -> None:
                    help="in: the bandit state after the previous iteration")
     p.add_argument("--model", required=True,
                    help="in: the iteration's starting model (it rewrites prompts of a prompt file)")
+    p.add_argument("--base", help="in: the base model (it0) that adapter chains apply to")
     p.add_argument("--out", required=True, help="out: this iteration's prompts")
     p.add_argument("--curriculum", required=True, help="out: the bandit state of this iteration (json)")
 
@@ -239,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
         if params.task.name == TaskName.prompts:
             rewrite = None
             if params.evolve.strategy == EvolveStrategy.eva and not prev.empty:
-                rewrite = model_rewriter(args.model, params, seed)
+                rewrite = model_rewriter(args.model, params, seed, args.base)
             df, dropped = evolve_prompts(
                 params.evolve, args.iteration, seed, art.read_table(args.ttt, art.PROMPTS),
                 art.read_table(args.heldout, art.PROMPTS), prev, state, rewrite, params.task.max_prompt_chars,

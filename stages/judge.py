@@ -25,6 +25,7 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iteration", required=True)
     p.add_argument("--samples", required=True, help="in: samples (parquet)")
     p.add_argument("--model", required=True, help="in: the model that wrote the samples")
+    p.add_argument("--base", help="in: the base model (it0) that adapter chains apply to")
     p.add_argument("--ref-model", required=True,
                    help="in: the model before it (for it1: the base before its warm-up)")
     p.add_argument("--out", required=True, help="out: judgments (parquet)")
@@ -44,18 +45,21 @@ def main(argv: list[str] | None = None) -> None:
                 raise ConfigError(f"judge.template: {err}") from None
         samples = art.read_table(args.samples, art.SAMPLES)
         ctx = JudgeContext(template=template, seed=derive_seed(params.seed, "judge", args.iteration),
-                           batch_size=params.sample.batch_size)
+                           batch_size=params.sample.batch_size, max_tokens=params.sample.score_tokens,
+                           max_length=params.model.max_length)
         if judge.needs_policy or judge.needs_reference or consistency:
             from .lib.models import load_model, set_threads  # torch: only for judges that run a model
 
             set_threads()
         if judge.needs_policy:
-            ctx.policy = ModelHandle(*load_model(args.model, security=params.security))
+            ctx.policy = ModelHandle(*load_model(args.model, security=params.security, base=args.base,
+                                                 model_cfg=params.model))
         if judge.needs_reference or consistency:
-            ctx.reference = ModelHandle(*load_model(args.ref_model, security=params.security))
+            ctx.reference = ModelHandle(*load_model(args.ref_model, security=params.security, base=args.base,
+                                                    model_cfg=params.model))
         df = judge_samples(samples, cfg, ctx, with_consistency=consistency)
         log.info("%s: %s", cfg.method.value, judge_quality(df, judge.verdict))
-        prov = stage_provenance("judge", args.iteration, params, ("seed", "judge"), [args.out])
+        prov = stage_provenance("judge", args.iteration, params, ("seed", "model", "judge"), [args.out])
         prov["consistency"] = consistency
         art.write_table(df, args.out, art.JUDGMENTS, prov)
 

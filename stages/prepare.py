@@ -1,10 +1,13 @@
 """Stage `prepare`: the task's evaluation sets and the base model (iteration 0).
 
-Builds a character-level tokenizer and a tiny Llama-architecture model from params, and trains it
-briefly on the procedural task so it starts mediocre. Writes the held-out set (disjoint from every
-training prompt), the test-time set (prompts the loop may train on; answers only measure), the
-base model's SFT data, the base model (and its untrained copy, it1's reference), an empty
-judgment table for iteration 0 and the curriculum's initial state.
+With `model.base: builtin` it builds a character-level tokenizer and a tiny Llama-architecture
+model from params, and trains it briefly on the procedural task so it starts mediocre. With a
+pretrained `model.base` (a local HF directory, a GGUF file, a hub id) it checks the base before any
+work and writes a small record of it as it0 (where it is, its hub commit, a content hash): no
+warm-up, no copy of the weights. Writes the held-out set (disjoint from every training prompt),
+the test-time set (prompts the loop may train on; answers only measure), the base model's SFT
+data, the base model (and its untrained copy, it1's reference; for a pretrained base, the base
+itself), an empty judgment table for iteration 0 and the curriculum's initial state.
 
 With `task.name: prompts` the held-out and test-time sets come from the user's prompt file,
 validated row by row (stages/lib/prompt_files.py) and split by `task.heldout_fraction`; the base
@@ -26,7 +29,9 @@ from .lib.config import Params, TaskConfig, TaskName
 from .lib.curriculum import NO_CATEGORY
 from .lib.errors import ConfigError
 from .lib.prompt_files import load_prompt_file
-from .lib.models import build_char_tokenizer, build_tiny_model, default_device, save_model, set_threads
+from .lib.base import resolve_base
+from .lib.models import (build_char_tokenizer, build_tiny_model, default_device, save_model, set_threads,
+                         write_base_record)
 from .lib.curriculum import initial_state
 from .lib.tasks import Problem, make_task
 from .lib.training import Schedule, TrainLog, train_sft
@@ -59,6 +64,7 @@ class Prepared:
     tokenizer: object
     log: TrainLog
     init_model: object  # the same model before its warm-up: it1's reference
+    base_record: dict | None = None  # a pretrained base: what it is (no model, no warm-up)
 
 
 def prompt_sets(cfg: TaskConfig, seed: int) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, int]]:
@@ -84,21 +90,15 @@ def prompt_sets(cfg: TaskConfig, seed: int) -> tuple[pd.DataFrame, pd.DataFrame,
 
 def prepare(params: Params, progress: bool = True) -> Prepared:
     cfg = params.prepare
+    record = None if params.model.builtin else resolve_base(params.model, params.security)  # before any work
     user_sets = None
     if params.task.name == TaskName.prompts:  # validate the user's file before any training
         user_sets = prompt_sets(params.task, derive_seed(params.seed, "split"))
     task = make_task(params.task if params.task.name == TaskName.arithmetic else TaskConfig())
     heldout, ttt, train = task.split(derive_seed(params.seed, "split"), cfg.train_size)
-    tokenizer = build_char_tokenizer()
-    model = build_tiny_model(cfg.model, tokenizer, derive_seed(params.seed, "init")).to(default_device())
-    init_model = copy.deepcopy(model)
-    n_params = sum(p.numel() for p in model.parameters())
-    log.info("base model: %d parameters, %d SFT problems, %d steps", n_params, len(train), cfg.steps)
-    sched = Schedule(cfg.lr, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
-    train_log = train_sft(
-        model, tokenizer, [p.prompt for p in train], [p.answer for p in train], sched,
-        cfg.batch_size, derive_seed(params.seed, "prepare-order"), desc="prepare", stop_loss=cfg.stop_loss,
-    )
+    held_frame, ttt_frame = problems_frame(heldout, "heldout"), problems_frame(ttt, "ttt")
+    if user_sets is not None:
+        held_frame, ttt_frame, _ = user_sets
     seed_sft = pd.DataFrame(
         {
             "iteration": "it0",
@@ -109,9 +109,19 @@ def prepare(params: Params, progress: bool = True) -> Prepared:
             "correct": 1.0,
         }
     )
-    held_frame, ttt_frame = problems_frame(heldout, "heldout"), problems_frame(ttt, "ttt")
-    if user_sets is not None:
-        held_frame, ttt_frame, _ = user_sets
+    if record is not None:
+        log.info("base model: %s (%s), content sha256 %s", record["base"], record["kind"], record["sha256"][:12])
+        return Prepared(held_frame, ttt_frame, seed_sft, None, None, TrainLog(), None, record)
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(cfg.model, tokenizer, derive_seed(params.seed, "init")).to(default_device())
+    init_model = copy.deepcopy(model)
+    n_params = sum(p.numel() for p in model.parameters())
+    log.info("base model: %d parameters, %d SFT problems, %d steps", n_params, len(train), cfg.steps)
+    sched = Schedule(cfg.lr, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
+    train_log = train_sft(
+        model, tokenizer, [p.prompt for p in train], [p.answer for p in train], sched,
+        cfg.batch_size, derive_seed(params.seed, "prepare-order"), desc="prepare", stop_loss=cfg.stop_loss,
+    )
     return Prepared(held_frame, ttt_frame, seed_sft, model, tokenizer, train_log, init_model)
 
 
@@ -138,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
         set_threads()
         out = prepare(params)
         outs = [args.heldout, args.ttt, args.seed_data, args.model]
-        prov = stage_provenance("prepare", "it0", params, ("seed", "task", "prepare"), outs)
+        prov = stage_provenance("prepare", "it0", params, ("seed", "model", "task", "prepare"), outs)
         art.write_table(out.heldout, args.heldout, art.PROMPTS, prov)
         art.write_table(out.ttt, args.ttt, art.PROMPTS, prov)
         art.write_table(out.seed_sft, args.seed_data, art.SFT, prov)
@@ -146,8 +156,12 @@ def main(argv: list[str] | None = None) -> None:
         art.write_json(out.log.summary(), args.metrics)
         with art.atomic_path(args.curriculum) as tmp:
             tmp.write_text(initial_state(categories(params, out)).to_json(), encoding="utf-8")
-        save_model(out.model, out.tokenizer, args.model, prov)
-        save_model(out.init_model, out.tokenizer, args.init_model, prov)
+        if out.base_record is not None:  # it0 (and it1's reference) is the pretrained base as it is
+            write_base_record(out.base_record, args.model, prov)
+            write_base_record(out.base_record, args.init_model, prov)
+        else:
+            save_model(out.model, out.tokenizer, args.model, prov)
+            save_model(out.init_model, out.tokenizer, args.init_model, prov)
 
     run_stage("prepare", _args, body, argv)
 

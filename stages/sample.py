@@ -1,7 +1,8 @@
 """Stage `sample`: k responses per prompt from the iteration's starting model.
 
-Batched `transformers` generation (length-sorted, left-padded, KV cache), temperature and top-p
-from params, seeded per iteration.
+Batched generation through the model's chat format (token-length-sorted, left-padded, KV cache;
+or vLLM), temperature and top-p from params, seeded per iteration. Each sample records whether it
+was cut by `max_new_tokens` (`truncated`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def sample(sampler: Sampler, prompts: pd.DataFrame, cfg: SampleConfig, seed: int
     rows["sample_id"] = [f"{pid}/s{j}" for pid in prompts["prompt_id"] for j in range(cfg.k)]
     rows["response"] = flat
     rows["pred"] = [extract_answer(r) for r in flat]
+    rows["truncated"] = [t for ts in responses.truncated for t in ts]
     return rows
 
 
@@ -37,6 +39,7 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iteration", required=True)
     p.add_argument("--prompts", required=True, help="in: this iteration's prompts")
     p.add_argument("--model", required=True, help="in: the iteration's starting model")
+    p.add_argument("--base", help="in: the base model (it0) that adapter chains apply to")
     p.add_argument("--out", required=True, help="out: samples (parquet)")
 
 
@@ -45,9 +48,9 @@ def main(argv: list[str] | None = None) -> None:
         params.iteration_index(args.iteration)
         set_threads()
         prompts = art.read_table(args.prompts, art.PROMPTS)
-        sampler = open_sampler(args.model, params.sample, params.security)
+        sampler = open_sampler(args.model, params.sample, params.security, args.base, params.model)
         df = sample(sampler, prompts, params.sample, derive_seed(params.seed, "sample", args.iteration))
-        prov = stage_provenance("sample", args.iteration, params, ("seed", "sample", "security"), [args.out])
+        prov = stage_provenance("sample", args.iteration, params, ("seed", "model", "sample", "security"), [args.out])
         prov["backend"] = sampler.backend
         art.write_table(df, args.out, art.SAMPLES, prov)
 

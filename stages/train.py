@@ -1,9 +1,12 @@
-"""Stage `train`: one iteration of self-training, LoRA (default) or full, merged into the next model.
+"""Stage `train`: one iteration of self-training, LoRA (default) or full fine-tuning.
 
 `train.algorithm`: `raft` fine-tunes on the best-judged samples (RAFT / ReST / STaR); `dpo`,
 `ipo`, `spin` and `cream` train on the pairs (the reference being the iteration's starting
-model); `grpo` on the stored groups of samples with their advantages. The adapter is merged so
-the next iteration starts from a plain model in safetensors.
+model); `grpo` on the stored groups of samples with their advantages. With LoRA the iteration's
+output is its adapter (beside the earlier iterations' adapters and `chain.json`): the next
+iteration loads the base with every adapter merged in order and trains a fresh one on top. Full
+fine-tuning writes full safetensors weights. Memory is bounded by `train.micro_batch_size`
+(gradient accumulation up to `train.batch_size`), optionally with gradient checkpointing.
 
 Resumable: every `train.checkpoint_every` steps the state goes to `--checkpoints` (a DVC
 `persist` output), and a run killed part way continues from there when restarted on the same
@@ -25,7 +28,8 @@ import torch
 from .lib import artifacts as art
 from .lib.cli import derive_seed, run_stage, stage_provenance
 from .lib.config import PREFERENCE, Algorithm, Params, TrainConfig
-from .lib.models import attach_lora, load_model, merge_lora, save_model, set_threads
+from .lib.generation import chat_format
+from .lib.models import attach_lora, load_model, model_identity, save_adapter_chain, save_model, set_threads
 from .lib.training import Checkpoints, Schedule, steps_for, train_grpo, train_preference, train_sft
 
 log = logging.getLogger(__name__)
@@ -40,14 +44,19 @@ def training_size(cfg: TrainConfig, pairs: pd.DataFrame, sft: pd.DataFrame, grou
 
 
 def train(model, tokenizer, pairs: pd.DataFrame, sft: pd.DataFrame, groups: pd.DataFrame, cfg: TrainConfig,
-          seed: int, accelerator=None, checkpoints: Checkpoints | None = None):
-    """Train `model`; returns the merged model, the training log and the number of examples."""
+          seed: int, accelerator=None, checkpoints: Checkpoints | None = None, max_length: int | None = None):
+    """Train `model`; returns the trained model (a peft model with LoRA), the log and the number of examples."""
+    chat = chat_format(model, tokenizer)  # before LoRA wraps it: the base's generation config
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
     if cfg.lora.enabled:
         torch.manual_seed(seed)  # the adapter's initial weights
         model = attach_lora(model, cfg.lora)
     n = training_size(cfg, pairs, sft, groups)
     sched = Schedule(cfg.lr, steps_for(n, cfg.batch_size, cfg.epochs), warmup_steps=min(10, n))
-    common = dict(accelerator=accelerator, checkpoints=checkpoints)
+    common = dict(accelerator=accelerator, checkpoints=checkpoints, micro_batch_size=cfg.micro,
+                  chat=chat, max_length=max_length)
     if cfg.algorithm == Algorithm.raft:
         out = train_sft(model, tokenizer, list(sft["prompt"]), list(sft["response"]), sched,
                         cfg.batch_size, seed, cfg.max_grad_norm, desc="raft", **common)
@@ -64,26 +73,34 @@ def train(model, tokenizer, pairs: pd.DataFrame, sft: pd.DataFrame, groups: pd.D
         log.warning("no training data this iteration: the model is passed on unchanged")
     if accelerator is not None:
         model = accelerator.unwrap_model(model)
-    return merge_lora(model), out, n
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_disable()
+        model.config.use_cache = True
+    return model, out, n
 
 
-def fingerprint(params: Params, iteration: str, model_dir: str | Path, *tables: pd.DataFrame) -> str:
-    """What a checkpoint belongs to: the train params, the data and the starting model's weights."""
+def fingerprint(params: Params, iteration: str, model_dir: str | Path, base: str | Path | None,
+                *tables: pd.DataFrame) -> str:
+    """What a checkpoint belongs to: the train and model params, the data and the starting model.
+
+    The starting model is identified without re-reading a pretrained base's weights: by the base
+    record's content hash (taken once by prepare) and the adapters' bytes (stages/lib/models.py).
+    """
     h = hashlib.sha256()
-    head = [params.seed, iteration, params.train.model_dump(mode="json")]
+    head = [params.seed, iteration, params.train.model_dump(mode="json"), params.model.model_dump(mode="json")]
     h.update(json.dumps(head, sort_keys=True).encode())
     for t in tables:
         h.update(pd.util.hash_pandas_object(t, index=False).to_numpy().tobytes())
-    for f in sorted(Path(model_dir).glob("*.safetensors")):
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
+    h.update(model_identity(model_dir).encode())
+    if base is not None and Path(base).resolve() != Path(model_dir).resolve():
+        h.update(model_identity(base).encode())
     return h.hexdigest()
 
 
 def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iteration", required=True)
     p.add_argument("--model", required=True, help="in: the iteration's starting model")
+    p.add_argument("--base", help="in: the base model (it0) that adapter chains apply to")
     p.add_argument("--pairs", required=True, help="in: preference pairs")
     p.add_argument("--sft", required=True, help="in: best-judged samples")
     p.add_argument("--groups", required=True, help="in: GRPO groups")
@@ -102,22 +119,27 @@ def main(argv: list[str] | None = None) -> None:
         pairs = art.read_table(args.pairs, art.PAIRS)
         sft = art.read_table(args.sft, art.SFT)
         groups = art.read_table(args.groups, art.GROUPS)
-        model, tokenizer = load_model(args.model, device="cpu", security=params.security)
+        model, tokenizer = load_model(args.model, device="cpu", security=params.security, base=args.base,
+                                      model_cfg=params.model)
         ckpt = None
         if args.checkpoints:
-            key = fingerprint(params, args.iteration, args.model, pairs, sft, groups)
+            key = fingerprint(params, args.iteration, args.model, args.base, pairs, sft, groups)
             ckpt = Checkpoints(args.checkpoints, key, params.train.checkpoint_every, accelerator.is_main_process)
         if accelerator.num_processes > 1:
             log.info("training on %d processes (%s)", accelerator.num_processes, accelerator.distributed_type)
         seed = derive_seed(params.seed, "train", args.iteration)
-        merged, train_log, n = train(model.to(accelerator.device), tokenizer, pairs, sft, groups, params.train,
-                                     seed, accelerator, ckpt)
+        trained, train_log, n = train(model.to(accelerator.device), tokenizer, pairs, sft, groups, params.train,
+                                      seed, accelerator, ckpt, params.model.max_length)
         if not accelerator.is_main_process:
             return
         metrics = {"train_examples": n, "train_processes": accelerator.num_processes,
                    "train_resumed_from": train_log.resumed_from, **train_log.summary()}
-        prov = stage_provenance("train", args.iteration, params, ("seed", "train", "security"), [args.out])
-        save_model(merged, tokenizer, args.out, prov)
+        prov = stage_provenance("train", args.iteration, params, ("seed", "model", "train", "security"), [args.out])
+        if params.train.lora.enabled:
+            save_adapter_chain(trained, args.model, args.base or args.model, args.iteration,
+                               args.out, prov)
+        else:
+            save_model(trained, tokenizer, args.out, prov)
         art.write_json(metrics, args.metrics)
 
     run_stage("train", _args, body, argv)

@@ -62,7 +62,7 @@ def test_lora_trains_adapter_only_and_merge_is_exact(tok, trained, tmp_path):
         plain = merged(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     assert torch.allclose(adapted, plain, atol=1e-5)
     assert not any("lora_" in k for k in merged.state_dict())
-    assert token_logprobs(merged, batch)[0].shape == (2, batch["input_ids"].shape[1] - 1)
+    assert token_logprobs(merged, batch)[0].shape == (2, 3)  # response-aligned: the longest response + <eos>
 
 
 def test_model_dir_checks(tmp_path):

@@ -36,7 +36,9 @@ def test_whole_loop_in_process(tmp_path, tiny_params_file, monkeypatch, capsys):
             assert 0.0 <= m[key] <= 1.0
         if it != "it0":
             assert {"reward_mean", "judge_accuracy", "num_pairs", "train_loss"} <= set(m)
-        assert (tmp_path / "data" / it / "model" / "model.safetensors").is_file()
+        # it0 holds the tiny model's weights; with LoRA each iteration holds adapters, not a copy
+        model_file = "model.safetensors" if it == "it0" else "chain.json"
+        assert (tmp_path / "data" / it / "model" / model_file).is_file()
     prompts = art.read_table(tmp_path / "data/it2/prompts.parquet", art.PROMPTS)
     heldout = art.read_table(tmp_path / "data/task/heldout.parquet", art.PROMPTS)
     assert set(prompts["source"]) == {"ttt", "fresh", "evolved"}
@@ -54,7 +56,8 @@ def test_whole_loop_in_process(tmp_path, tiny_params_file, monkeypatch, capsys):
 def test_stage_rerun_is_byte_identical(tmp_path, tiny_params_file, monkeypatch):
     run_all(tmp_path, tiny_params_file, monkeypatch)
     outs = ["data/it2/prompts.parquet", "data/it2/samples.parquet", "data/it2/judgments.parquet",
-            "data/it2/pairs.parquet", "data/it2/model/model.safetensors"]
+            "data/it2/pairs.parquet", "data/it2/model/adapters/it2/adapter_model.safetensors",
+            "data/it2/model/adapters/it1/adapter_model.safetensors", "data/it2/model/chain.json"]
     before = {p: (tmp_path / p).read_bytes() for p in outs}
     for cmd in stage_commands():
         if "--iteration" in cmd and cmd[cmd.index("--iteration") + 1] == "it2" and "evaluate" not in cmd[2]:

@@ -43,6 +43,7 @@ SAMPLES = pa.schema(
         ("sample_id", pa.string()),
         ("response", pa.string()),
         ("pred", pa.string()),  # normalised final answer, null when none could be extracted
+        ("truncated", pa.bool_()),  # cut by max_new_tokens before a stop token
     ]
 )
 JUDGMENTS = pa.schema(

@@ -59,6 +59,41 @@ class TaskConfig(_Section):
         return self
 
 
+class DType(str, enum.Enum):
+    auto = "auto"  # bfloat16 on a GPU that supports it, float32 otherwise (CPU)
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+BUILTIN = "builtin"
+
+
+class ModelConfig(_Section):
+    """The base model (it0): the embedded tiny model, or a pretrained Hugging Face causal LM."""
+
+    base: str = Field(
+        BUILTIN, min_length=1,
+        description="builtin (the tiny model prepare trains), a local HF model directory, a GGUF file, or a hub id",
+    )
+    revision: Optional[str] = Field(None, min_length=1, description="hub id only: branch, tag or commit")
+    gguf_file: Optional[str] = Field(
+        None, min_length=1, description="a GGUF checkpoint inside `base` (a directory or hub repo), read by transformers"
+    )
+    dtype: DType = Field(DType.auto, description="weights and compute: auto = bf16 on a capable GPU, fp32 on CPU")
+    max_length: int = Field(2048, ge=8, description="prompt + response tokens; longer training rows are cut")
+
+    @property
+    def builtin(self) -> bool:
+        return self.base == BUILTIN
+
+    @model_validator(mode="after")
+    def _combos(self) -> "ModelConfig":
+        if self.builtin and (self.gguf_file or self.revision):
+            raise ValueError("model.gguf_file and model.revision need a pretrained model.base, not builtin")
+        return self
+
+
 class ModelShape(_Section):
     """Shape of the tiny Llama-architecture default model."""
 
@@ -127,6 +162,9 @@ class SampleConfig(_Section):
     batch_size: int = Field(
         1024, ge=1, description="hf: sequences per generate() call, lowered to fit free memory"
     )
+    score_tokens: int = Field(
+        8192, ge=1, description="padded tokens per scoring forward pass (log-probs), lowered to fit free memory"
+    )
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vllm: share of GPU memory it may take")
 
 
@@ -184,7 +222,12 @@ class TrainConfig(_Section):
     lora: LoraConfig = LoraConfig()
     lr: float = Field(1e-3, gt=0)
     epochs: int = Field(4, ge=1)
-    batch_size: int = Field(64, ge=1)
+    batch_size: int = Field(64, ge=1, description="examples per optimiser step")
+    micro_batch_size: Optional[int] = Field(
+        None, ge=1, description="examples per forward/backward pass, gradients accumulated to batch_size "
+        "(None: the whole batch at once); memory grows with this, not with batch_size",
+    )
+    gradient_checkpointing: bool = Field(False, description="recompute activations in backward: less memory, slower")
     beta: float = Field(0.1, gt=0, description="DPO temperature")
     nll_weight: float = Field(1.0, ge=0, description="dpo/cream/spin: weight of the NLL term on the chosen answer")
     clip_eps: float = Field(0.2, gt=0, lt=1, description="grpo: ratio clipping")
@@ -192,10 +235,15 @@ class TrainConfig(_Section):
     max_grad_norm: float = Field(1.0, gt=0)
     checkpoint_every: int = Field(50, ge=0, description="steps between resumable checkpoints (0: none)")
 
+    @property
+    def micro(self) -> int:
+        return min(self.micro_batch_size or self.batch_size, self.batch_size)
+
 
 class EvaluateConfig(_Section):
     k: int = Field(8, ge=1, description="samples per problem for maj@k")
     temperature: float = Field(0.7, gt=0)
+    max_new_tokens: int = Field(6, ge=1, description="length of the evaluated answers (greedy and maj@k)")
     batch_size: int = Field(1024, ge=1)
 
 
@@ -233,6 +281,7 @@ INIT = "init"  # the base model as initialised, before prepare's warm-up
 
 class Params(_Section):
     seed: int = Field(0, ge=0)
+    model: ModelConfig = ModelConfig()
     task: TaskConfig = TaskConfig()
     prepare: PrepareConfig = PrepareConfig()
     evolve: EvolveConfig = EvolveConfig()

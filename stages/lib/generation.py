@@ -1,10 +1,17 @@
 """Batched generation and log-prob scoring with `transformers` (the hf backend, CPU or GPU).
 
-Prompts are length-sorted and left-padded so one `generate()` call with a KV cache serves many
-prompts and samples at once; `generate()` derives position ids from the attention mask, so a
-left-padded prompt gets the same greedy answer as the same prompt alone (tested). The batch is
-capped to what the KV cache of the free memory holds. Scoring (log-probs, self-certainty) runs
-length-sorted batches of prompt + response through one forward pass each.
+Every prompt goes through the model's chat format (stages/lib/chat.py). Prompts are sorted by
+token length and left-padded so one `generate()` call with a KV cache serves many prompts and
+samples at once; `generate()` derives position ids from the attention mask, so a left-padded
+prompt gets the same greedy answer as the same prompt alone (tested). The batch is capped to what
+the KV cache of the free memory holds. Generation stops on every stop id of the chat format; a
+response that reached `max_new_tokens` without one is counted as truncated.
+
+Log-probs (scoring, training) are taken on the response tokens only: logits are computed for the
+positions from the shortest prompt of the micro-batch on (`logits_to_keep`) and reduced with a
+selective log-softmax (the target's logit minus a per-row logsumexp, as TRL does), so no
+full-vocabulary fp32 tensor over the whole batch is built. Per-token results are response-aligned
+(column 0 = the first response token), so they do not depend on how rows were batched.
 """
 
 from __future__ import annotations
@@ -19,7 +26,10 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from .chat import ChatFormat, Turn
+
 log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class SamplingSpec:
@@ -31,58 +41,82 @@ class SamplingSpec:
     batch_size: int = 1024  # sequences per generate() call
 
 
-def _decode(tokenizer: PreTrainedTokenizerBase, ids: torch.Tensor) -> str:
-    ids = ids.tolist()
-    if tokenizer.eos_token_id in ids:
-        ids = ids[: ids.index(tokenizer.eos_token_id)]
-    return tokenizer.decode(ids, skip_special_tokens=True)
+class Generations(list):
+    """`n` responses per prompt (a list of lists of str), with `truncated` of the same shape
+    (True: stopped by max_new_tokens, not by a stop token) and the count of generated tokens."""
+
+    def __init__(self, texts=(), truncated=None, new_tokens: int = 0):
+        super().__init__(texts)
+        self.truncated: list[list[bool]] = truncated if truncated is not None else [[False] * len(t) for t in self]
+        self.new_tokens = new_tokens
+
+    def truncated_share(self) -> float | None:
+        flat = [t for ts in self.truncated for t in ts]
+        return sum(flat) / len(flat) if flat else None
+
+
+def chat_format(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> ChatFormat:
+    return ChatFormat.of(tokenizer, getattr(model, "generation_config", None))
+
+
+def pad_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
 @torch.no_grad()
 def generate(
     model: torch.nn.Module,
     tokenizer: PreTrainedTokenizerBase,
-    prompts: list[str],
+    prompts: list[Turn],
     spec: SamplingSpec,
     seed: int,
     desc: str = "generate",
     progress: bool = True,
-) -> list[list[str]]:
+    chat: ChatFormat | None = None,
+) -> Generations:
     """`spec.n` responses for each prompt, in prompt order. Seeded: same inputs, same outputs."""
     if not prompts:
-        return []
+        return Generations()
+    chat = chat or chat_format(model, tokenizer)
     device = next(model.parameters()).device
-    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
+    ids = [chat.prompt_ids(p) for p in prompts]
+    order = sorted(range(len(prompts)), key=lambda i: (len(ids[i]), i))
     per_call = max(1, spec.batch_size // spec.n)
-    longest = len(tokenizer(prompts[order[-1]])["input_ids"]) + spec.max_new_tokens
-    fits = max(1, memory_cap(model, longest) // spec.n)
+    fits = max(1, memory_cap(model, len(ids[order[-1]]) + spec.max_new_tokens) // spec.n)
     if fits < per_call:
         log.warning("%s: %d prompts per generate() call fit in free memory (asked for %d)", desc, fits, per_call)
         per_call = fits
-    out: list[list[str]] = [[] for _ in prompts]
-    tokenizer.padding_side = "left"
+    pad = pad_id(tokenizer)
+    texts: list[list[str]] = [[] for _ in prompts]
+    cut: list[list[bool]] = [[] for _ in prompts]
+    new_tokens = 0
     bar = tqdm(total=len(prompts) * spec.n, desc=desc, unit="seq", disable=not progress, mininterval=1.0)
     for b, start in enumerate(range(0, len(order), per_call)):
         idx = order[start : start + per_call]
-        enc = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True).to(device)
+        width = max(len(ids[i]) for i in idx)
+        input_ids = torch.full((len(idx), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(idx), width), dtype=torch.long)
+        for j, i in enumerate(idx):  # left padding
+            input_ids[j, width - len(ids[i]) :] = torch.tensor(ids[i])
+            attention[j, width - len(ids[i]) :] = 1
         torch.manual_seed(seed * 1_000_003 + b)
-        kwargs = dict(
-            max_new_tokens=spec.max_new_tokens,
-            num_return_sequences=spec.n,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
+        kwargs = dict(max_new_tokens=spec.max_new_tokens, num_return_sequences=spec.n, pad_token_id=pad,
+                      eos_token_id=chat.stop_ids)
         if spec.greedy:
             kwargs.update(do_sample=False)
         else:
             kwargs.update(do_sample=True, temperature=spec.temperature, top_p=spec.top_p, top_k=0)
-        seqs = model.generate(**enc, **kwargs)
-        new = seqs[:, enc["input_ids"].shape[1] :].cpu()
+        seqs = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device), **kwargs)
+        new = seqs[:, width:].cpu().tolist()
         for j, i in enumerate(idx):
-            out[i] = [_decode(tokenizer, new[j * spec.n + r]) for r in range(spec.n)]
+            for r in range(spec.n):
+                toks, stopped = chat.cut_at_stop(new[j * spec.n + r])
+                texts[i].append(tokenizer.decode(toks, skip_special_tokens=True))
+                cut[i].append(not stopped)
+                new_tokens += len(toks) + int(stopped)
         bar.update(len(idx) * spec.n)
     bar.close()
-    return out
+    return Generations(texts, cut, new_tokens)
 
 
 def _free_bytes(device: torch.device) -> int:
@@ -111,39 +145,113 @@ def memory_cap(model: torch.nn.Module, seq_len: int, share: float = 0.5) -> int:
     return max(1, int(share * _free_bytes(param.device)) // (kv + activations + logits))
 
 
-def encode_for_training(
-    tokenizer: PreTrainedTokenizerBase, prompts: list[str], responses: list[str]
-) -> dict[str, torch.Tensor]:
-    """Right-padded prompt+response+<eos> with a mask that is 1 on response tokens only."""
+def token_cap(model: torch.nn.Module, share: float = 0.25) -> int:
+    """Padded tokens one scoring forward pass may hold in `share` of free memory (logits dominate)."""
+    cfg = model.config
+    width = next(model.parameters()).element_size()
+    per_token = cfg.vocab_size * (width + 4) + 8 * max(cfg.hidden_size, getattr(cfg, "intermediate_size", 0)) * width
+    return max(1, int(share * _free_bytes(next(model.parameters()).device)) // per_token)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One training / scoring row: prompt tokens (exactly as inference sees them), then response."""
+
+    ids: list[int]
+    prompt_len: int
+
+    @property
+    def response_len(self) -> int:
+        return len(self.ids) - self.prompt_len
+
+
+def encode_rows(chat: ChatFormat, prompts: list[Turn], responses: list[str],
+                max_length: int | None = None) -> list[Row]:
+    """Rows of prompt + response + end-of-turn; with `max_length`, the response is cut to fit."""
     rows = []
     for p, r in zip(prompts, responses, strict=True):
-        p_ids = tokenizer(p)["input_ids"]
-        r_ids = tokenizer(r, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        rows.append((p_ids + r_ids, [0] * len(p_ids) + [1] * len(r_ids)))
-    width = max(len(ids) for ids, _ in rows)
-    input_ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+        p_ids = chat.prompt_ids(p)
+        ids = p_ids + chat.response_ids(r)
+        if max_length is not None and len(ids) > max_length:
+            ids = ids[: max(max_length, len(p_ids) + 1)]
+        rows.append(Row(ids, len(p_ids)))
+    return rows
+
+
+def collate(rows: list[Row], pad: int) -> dict[str, torch.Tensor]:
+    """Right-padded to the longest row given, with `loss_mask` 1 on response tokens only."""
+    width = max(len(r.ids) for r in rows)
+    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
     attention = torch.zeros((len(rows), width), dtype=torch.long)
     loss_mask = torch.zeros((len(rows), width), dtype=torch.float)
-    for i, (ids, mask) in enumerate(rows):
-        input_ids[i, : len(ids)] = torch.tensor(ids)
-        attention[i, : len(ids)] = 1
-        loss_mask[i, : len(ids)] = torch.tensor(mask, dtype=torch.float)
-    return {"input_ids": input_ids, "attention_mask": attention, "loss_mask": loss_mask}
+    for i, r in enumerate(rows):
+        input_ids[i, : len(r.ids)] = torch.tensor(r.ids)
+        attention[i, : len(r.ids)] = 1
+        loss_mask[i, r.prompt_len : len(r.ids)] = 1.0
+    return {"input_ids": input_ids, "attention_mask": attention, "loss_mask": loss_mask,
+            "prompt_len": torch.tensor([r.prompt_len for r in rows]),
+            "response_len": torch.tensor([r.response_len for r in rows])}
+
+
+def encode_for_training(tokenizer: PreTrainedTokenizerBase, prompts: list[Turn], responses: list[str],
+                        chat: ChatFormat | None = None) -> dict[str, torch.Tensor]:
+    """Prompt + response + end-of-turn rows, right-padded, with a mask on the response tokens."""
+    chat = chat or ChatFormat.of(tokenizer)
+    return collate(encode_rows(chat, prompts, responses), pad_id(tokenizer))
+
+
+def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """log_softmax(logits)[..., index] without a full log-softmax tensor over the batch (TRL's way).
+
+    logits: (B, T, V); index: (B, T). fp32/fp64: the target's logit minus a per-row logsumexp;
+    lower precision: log_softmax one row at a time (logsumexp in bf16 loses too much).
+    """
+    if logits.dtype in (torch.float32, torch.float64):
+        selected = torch.gather(logits, -1, index.unsqueeze(-1)).squeeze(-1)
+        lse = torch.stack([torch.logsumexp(row, dim=-1) for row in logits])
+        return selected - lse
+    out = []
+    for row, idx in zip(logits, index):
+        out.append(F.log_softmax(row.float(), dim=-1).gather(-1, idx.unsqueeze(-1)).squeeze(-1))
+    return torch.stack(out)
+
+
+def _response_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]):
+    """Logits predicting every response token, the targets, and the start column `s`.
+
+    Only positions from the shortest prompt on get logits (`logits_to_keep`): the lm_head and
+    the log-softmax never see the rest of the prompt.
+    """
+    input_ids = batch["input_ids"]
+    width = input_ids.shape[1]
+    s = max(0, int(batch["prompt_len"].min()) - 1)  # the first position whose logits predict a response token
+    out = model(input_ids=input_ids, attention_mask=batch["attention_mask"], logits_to_keep=width - s)
+    logits = out.logits[:, :-1]  # positions s .. width-2
+    return logits, input_ids[:, s + 1 :], s
+
+
+def _align(per_position: torch.Tensor, batch: dict[str, torch.Tensor], s: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, width-1-s) values at positions s.. -> (B, R) response-aligned values and their mask."""
+    rlen = batch["response_len"].to(per_position.device)
+    r_max = max(1, int(rlen.max()))
+    cols = torch.arange(r_max, device=per_position.device)
+    start = (batch["prompt_len"].to(per_position.device) - 1 - s).unsqueeze(1)
+    pos = (start + cols).clamp(max=per_position.shape[1] - 1)
+    mask = (cols.unsqueeze(0) < rlen.unsqueeze(1)).to(torch.float)
+    return torch.gather(per_position, 1, pos) * mask, mask
 
 
 def token_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token log-probs of the response tokens and their mask, both (batch, seq-1)."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
-    targets = batch["input_ids"][:, 1:]
-    logps = torch.gather(F.log_softmax(logits.float(), dim=-1), 2, targets.unsqueeze(-1)).squeeze(-1)
-    mask = batch["loss_mask"][:, 1:]
-    return logps * mask, mask
+    """Log-probs of the response tokens (B, R), response-aligned and 0 where masked, and the mask (B, R)."""
+    logits, targets, s = _response_logits(model, batch)
+    logps = selective_log_softmax(logits, targets)
+    return _align(logps, batch, s)
 
 
 @dataclass(frozen=True)
 class Scores:
-    """Per (prompt, response): summed log-prob of the response tokens (with <eos>), their count,
-    and self-certainty, the mean over those tokens of KL(Uniform || p) = -log V - mean_j log p_j."""
+    """Per (prompt, response): summed log-prob of the response tokens (with end-of-turn), their
+    count, and self-certainty, the mean over those tokens of KL(Uniform || p) = -log V - mean_j log p_j."""
 
     logp: list[float]
     tokens: list[int]
@@ -151,39 +259,60 @@ class Scores:
     processed_tokens: int  # prompt + response tokens run through the model
 
 
+def token_batches(lengths: list[int], max_rows: int, max_tokens: int) -> list[list[int]]:
+    """Indices sorted by length, cut into batches of at most `max_rows` rows and `max_tokens`
+    padded tokens (rows x longest row); a row longer than `max_tokens` goes alone."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        if cur and (len(cur) + 1 > max_rows or (len(cur) + 1) * lengths[i] > max_tokens):
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
 @torch.no_grad()
 def score(
     model: torch.nn.Module,
     tokenizer: PreTrainedTokenizerBase,
-    prompts: list[str],
+    prompts: list[Turn],
     responses: list[str],
     batch_size: int = 256,
     desc: str = "score",
     progress: bool = True,
+    max_tokens: int = 8192,
+    chat: ChatFormat | None = None,
 ) -> Scores:
-    """Score many responses in length-sorted batches, one forward pass each; results in input order."""
+    """Score many responses in token-sized, length-sorted batches; results in input order."""
     n = len(prompts)
     logp, count, certainty = [0.0] * n, [0] * n, [0.0] * n
     processed = 0
     if n == 0:
         return Scores(logp, count, certainty, 0)
+    chat = chat or chat_format(model, tokenizer)
     device = next(model.parameters()).device
-    order = sorted(range(n), key=lambda i: (len(prompts[i]) + len(responses[i]), i))
+    rows = encode_rows(chat, prompts, responses)
+    budget = min(max_tokens, token_cap(model))
+    pad = pad_id(tokenizer)
     bar = tqdm(total=n, desc=desc, unit="seq", disable=not progress, mininterval=1.0)
-    for start in range(0, n, batch_size):
-        idx = order[start : start + batch_size]
-        batch = encode_for_training(tokenizer, [prompts[i] for i in idx], [responses[i] for i in idx])
-        batch = {k: v.to(device) for k, v in batch.items()}
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
-        logps = F.log_softmax(logits.float(), dim=-1)
-        mask = batch["loss_mask"][:, 1:]
-        target = torch.gather(logps, 2, batch["input_ids"][:, 1:].unsqueeze(-1)).squeeze(-1)
-        kl_uniform = -math.log(logps.shape[-1]) - logps.mean(-1)
-        tokens = mask.sum(-1)
-        sums = (target * mask).sum(-1).tolist()
-        certs = ((kl_uniform * mask).sum(-1) / tokens.clamp(min=1)).tolist()
+    for idx in token_batches([len(r.ids) for r in rows], batch_size, budget):
+        batch = {k: v.to(device) for k, v in collate([rows[i] for i in idx], pad).items()}
+        logits, targets, s = _response_logits(model, batch)
+        sums, certs = [], []
+        for j in range(len(idx)):  # one row's fp32 log-softmax at a time
+            logps = F.log_softmax(logits[j].float(), dim=-1)
+            start, length = int(batch["prompt_len"][j]) - 1 - s, int(batch["response_len"][j])
+            span = logps[start : start + length]
+            tgt = targets[j, start : start + length]
+            sums.append(span.gather(-1, tgt.unsqueeze(-1)).sum().item())
+            kl = -math.log(span.shape[-1]) - span.mean(-1)
+            certs.append((kl.sum() / max(1, length)).item())
         for j, i in enumerate(idx):
-            logp[i], count[i], certainty[i] = sums[j], int(tokens[j].item()), certs[j]
+            logp[i], count[i], certainty[i] = sums[j], rows[i].response_len, certs[j]
         processed += int(batch["attention_mask"].sum().item())
         bar.update(len(idx))
     bar.close()

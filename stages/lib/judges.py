@@ -53,9 +53,10 @@ class ModelHandle:
     model: "torch.nn.Module"  # noqa: F821 - torch is imported only by the judges that run a model
     tokenizer: object
 
-    @property
-    def context(self) -> int:
-        return int(getattr(self.model.config, "max_position_embeddings", 2048))
+    def context(self, max_length: int | None = None) -> int:
+        """Tokens a prompt plus its answer may take: the model's positions, capped by model.max_length."""
+        positions = int(getattr(self.model.config, "max_position_embeddings", 2048))
+        return min(positions, max_length) if max_length else positions
 
 
 @dataclass
@@ -67,6 +68,8 @@ class JudgeContext:
     template: Optional[str] = None
     seed: int = 0
     batch_size: int = 256
+    max_tokens: int = 8192  # padded tokens per scoring forward pass
+    max_length: int | None = None  # model.max_length
     progress: bool = True
     _scores: dict = field(default_factory=dict)
 
@@ -80,7 +83,8 @@ class JudgeContext:
                 raise ValueError(f"this judge needs the {which} model")
             self._scores[which] = score(handle.model, handle.tokenizer, list(samples["prompt"]),
                                         list(samples["response"]), batch_size=self.batch_size,
-                                        desc=f"score ({which})", progress=self.progress)
+                                        desc=f"score ({which})", progress=self.progress,
+                                        max_tokens=self.max_tokens)
         return self._scores[which]
 
 
@@ -148,21 +152,23 @@ def judged_prompts(prompt_ids: list[str], max_prompts: int | None, seed: int) ->
 def _llm_judge(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext) -> Verdicts:
     if ctx.policy is None or ctx.template is None:
         raise ValueError("llm_judge needs the policy model and the rubric template")
-    from .generation import SamplingSpec, generate
+    from .generation import SamplingSpec, chat_format, generate
     tok = ctx.policy.tokenizer
+    chat = chat_format(ctx.policy.model, tok)
+    context = ctx.policy.context(ctx.max_length)
     chosen = judged_prompts(list(samples["prompt_id"]), cfg.max_prompts, ctx.seed)
     # each distinct (prompt, response) is judged once, `judgments` times
     texts: dict[tuple[str, str], Optional[str]] = {}
     for pid, prompt, response in zip(samples["prompt_id"], samples["prompt"], samples["response"]):
         if pid in chosen and (prompt, response) not in texts:
             text = render(ctx.template, prompt, response)
-            fits = len(tok(text)["input_ids"]) + cfg.max_new_tokens <= ctx.policy.context
+            fits = len(chat.prompt_ids(text)) + cfg.max_new_tokens <= context
             texts[(prompt, response)] = text if fits else None  # too long for the judge: no verdict
     todo = [key for key, text in texts.items() if text is not None]
     spec = SamplingSpec(n=cfg.judgments, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                         batch_size=ctx.batch_size)
     outs = generate(ctx.policy.model, tok, [texts[k] for k in todo], spec, ctx.seed, desc="llm_judge",
-                    progress=ctx.progress)
+                    progress=ctx.progress, chat=chat)
     verdict: dict[tuple[str, str], tuple[Optional[float], float]] = {
         key: (None, 0.0) for key in texts
     }

@@ -1,13 +1,17 @@
-"""Load and save Hugging Face models and tokenizers; the tiny default; LoRA attach and merge.
+"""Load and save Hugging Face models and tokenizers; the tiny default; LoRA adapters per iteration.
 
-Models live on disk in standard HF format with safetensors weights, so the same code (and vLLM)
-loads the tiny default and a real local model directory alike. Nothing is fetched from a hub.
+A model directory of the pipeline holds one of three things: full safetensors weights (the tiny
+default, full fine-tuning, an export), a base record (a pretrained it0, see stages/lib/base.py), or
+an adapter chain: with LoRA, iteration N writes its own adapter beside copies of it1..it(N-1)'s
+and `chain.json`, and loading it applies them to the base in order, merging each. A merged,
+standalone copy is written only on export (stages/export.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import string
 from pathlib import Path
 
@@ -17,7 +21,9 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
 from .artifacts import ArtifactError, atomic_path
-from .config import LoraConfig, ModelShape, SecurityConfig
+from .base import BASE_FILE, base_location, check_unchanged, content_hash, read_record
+from .config import DType, LoraConfig, ModelConfig, ModelShape, SecurityConfig
+from .errors import ConfigError
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 # Printable ASCII plus newline and tab: enough for arithmetic and for plain-text prompts.
@@ -86,26 +92,75 @@ def check_model_dir(path: str | Path, security: SecurityConfig = SecurityConfig(
     return path
 
 
-def load_model(
-    path: str | Path, device: str | None = None, security: SecurityConfig = SecurityConfig()
-) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
-    """A causal LM and its tokenizer from a local directory; never from a hub."""
-    path = check_model_dir(path, security)
-    safetensors_only = not security.allow_pickle_weights
+def resolve_dtype(dtype: DType, device: str | torch.device) -> torch.dtype:
+    """`auto`: bfloat16 on a GPU that supports it, float32 elsewhere (CPU)."""
+    if dtype == DType.auto:
+        on_gpu = torch.device(device).type == "cuda"
+        return torch.bfloat16 if on_gpu and torch.cuda.is_bf16_supported() else torch.float32
+    return getattr(torch, dtype.value)
+
+
+def _load_hf(path: Path, gguf_file: str | None, security: SecurityConfig, dtype: torch.dtype, label: str):
+    safetensors_only = not security.allow_pickle_weights and not gguf_file
+    extra = {"gguf_file": gguf_file} if gguf_file else {}
     try:
         tokenizer = AutoTokenizer.from_pretrained(
-            path, local_files_only=True, trust_remote_code=security.trust_remote_code
+            path, local_files_only=True, trust_remote_code=security.trust_remote_code, **extra
         )
         model = AutoModelForCausalLM.from_pretrained(
             path, local_files_only=True, trust_remote_code=security.trust_remote_code,
-            use_safetensors=True if safetensors_only else None, dtype=torch.float32,
+            use_safetensors=True if safetensors_only else None, dtype=dtype, **extra,
         )
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ArtifactError(f"{path}: cannot load as a causal language model ({first})") from None
+        raise ArtifactError(f"{label}: cannot load as a causal language model ({first})") from None
+    if gguf_file and getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config  # dequantised on load; a later save must not claim GGUF
+    return model, tokenizer
+
+
+def check_tokenizer(tokenizer: PreTrainedTokenizerBase, label: str) -> None:
+    """A usable tokenizer has an eos token (generation must stop); pad falls back to eos."""
+    if tokenizer.eos_token_id is None:
+        raise ConfigError(f"{label}: its tokenizer has no eos token, so generation could not stop; "
+                          "set eos_token in its tokenizer_config.json")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model.to(device or default_device())
+
+
+def load_model(
+    path: str | Path, device: str | None = None, security: SecurityConfig = SecurityConfig(),
+    base: str | Path | None = None, model_cfg: ModelConfig = ModelConfig(),
+) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    """A causal LM and its tokenizer from a model directory written by this pipeline (or any HF dir).
+
+    A directory holds full weights (the tiny model, full fine-tuning, an export), a base record
+    (`base.json`: a pretrained it0, loaded from where it lives), or an adapter chain (`chain.json`:
+    the base `base` plus the LoRA adapters of it1..itN, merged in order at load time).
+    """
+    path = Path(path)
+    device = device or default_device()
+    dtype = resolve_dtype(model_cfg.dtype, device)
+    if (path / CHAIN_FILE).is_file():
+        if base is None:
+            raise ArtifactError(f"{path}: an adapter chain needs its base model directory (--base)")
+        model, tokenizer = load_model(base, device, security, model_cfg=model_cfg)
+        chain = read_chain(path)
+        if chain["base"] != model_identity(base):
+            raise ArtifactError(f"{path}: its adapters were trained on another base than {base}")
+        model = apply_adapters(model, [path / ADAPTERS / name for name in chain["adapters"]])
+    elif (path / BASE_FILE).is_file():
+        record = read_record(path)
+        where = base_location(record)
+        check_unchanged(record, where)
+        label = f"model.base {record['base']}"
+        model, tokenizer = _load_hf(where, record.get("gguf_file"), security, dtype, label)
+        check_tokenizer(tokenizer, label)
+    else:
+        path = check_model_dir(path, security)
+        model, tokenizer = _load_hf(path, None, security, dtype, str(path))
+        check_tokenizer(tokenizer, str(path))
+    model.to(device)
     model.eval()
     return model, tokenizer
 
@@ -115,6 +170,78 @@ def save_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, path:
     with atomic_path(path, is_dir=True) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        (tmp / "provenance.json").write_text(json.dumps(prov, indent=2, sort_keys=True) + "\n")
+
+
+def write_base_record(record: dict, path: str | Path, prov: dict) -> None:
+    """it0 of a pretrained base: what it is and where it lives, a few hundred bytes."""
+    with atomic_path(path, is_dir=True) as tmp:
+        (tmp / BASE_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        (tmp / "provenance.json").write_text(json.dumps(prov, indent=2, sort_keys=True) + "\n")
+
+
+# --- adapter chains -----------------------------------------------------------------------------
+
+CHAIN_FILE = "chain.json"
+ADAPTERS = "adapters"
+
+
+def read_chain(path: Path) -> dict:
+    try:
+        chain = json.loads((path / CHAIN_FILE).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ArtifactError(f"{path / CHAIN_FILE}: unreadable adapter chain ({err})") from None
+    if not isinstance(chain, dict) or not isinstance(chain.get("adapters"), list) or "base" not in chain:
+        raise ArtifactError(f"{path / CHAIN_FILE}: not an adapter chain (needs base and adapters)")
+    return chain
+
+
+def model_identity(path: str | Path) -> str:
+    """What identifies a model directory's weights without re-reading a pretrained base:
+    a base record's content hash (taken once by prepare), else a hash of the directory's files
+    (a chain's adapters and chain.json, or the full weights of a tiny or fully fine-tuned model)."""
+    path = Path(path)
+    if (path / BASE_FILE).is_file():
+        return "base:" + read_record(path)["sha256"]
+    files = [f for f in sorted(path.rglob("*")) if f.is_file() and f.name != "provenance.json"]
+    return "files:" + content_hash(path, files)
+
+
+def apply_adapters(model: torch.nn.Module, adapter_dirs: list[Path]) -> torch.nn.Module:
+    """The model with each LoRA adapter loaded and merged in order (itN = base + it1 + ... + itN)."""
+    from peft import PeftModel
+
+    for d in adapter_dirs:
+        if not (d / "adapter_config.json").is_file():
+            raise ArtifactError(f"{d}: no adapter_config.json, not a LoRA adapter")
+        try:
+            model = PeftModel.from_pretrained(model, d, is_trainable=False).merge_and_unload()
+        except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as err:
+            raise ArtifactError(f"{d}: cannot apply the adapter ({str(err).strip().splitlines()[0]})") from None
+    return model
+
+
+def save_adapter_chain(peft_model, start: str | Path, base: str | Path, name: str, path: str | Path,
+                       prov: dict) -> None:
+    """itN with LoRA: the adapters of the starting model (if it is a chain), this one's, chain.json.
+
+    The directory is self-contained apart from the base (--base): a few MB, not a copy of the model.
+    """
+    start, path = Path(start), Path(path)
+    previous = read_chain(start)["adapters"] if (start / CHAIN_FILE).is_file() else []
+    if not previous and Path(start).resolve() != Path(base).resolve():
+        raise ArtifactError(f"{start}: LoRA training on a full model that is not the base {base}; "
+                            "train every iteration with the same train.lora.enabled")
+    with atomic_path(path, is_dir=True) as tmp:
+        for old in previous:
+            shutil.copytree(start / ADAPTERS / old, tmp / ADAPTERS / old)
+        peft_model.save_pretrained(tmp / ADAPTERS / name, safe_serialization=True)
+        config = tmp / ADAPTERS / name / "adapter_config.json"
+        fields = json.loads(config.read_text(encoding="utf-8"))
+        fields["base_model_name_or_path"] = None  # a machine's path; chain.json identifies the base
+        config.write_text(json.dumps(fields, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        chain = {"base": model_identity(base), "adapters": [*previous, name]}
+        (tmp / CHAIN_FILE).write_text(json.dumps(chain, indent=2) + "\n", encoding="utf-8")
         (tmp / "provenance.json").write_text(json.dumps(prov, indent=2, sort_keys=True) + "\n")
 
 
@@ -146,3 +273,11 @@ def set_threads() -> None:
     """Use every core for intra-op parallelism unless the user said otherwise."""
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(max(1, os.cpu_count() or 1))
+
+
+def export_merged(model_dir: str | Path, base: str | Path | None, out: str | Path,
+                  security: SecurityConfig = SecurityConfig(), model_cfg: ModelConfig = ModelConfig(),
+                  prov: dict | None = None) -> None:
+    """A standalone HF directory (safetensors, tokenizer, generation config) of any pipeline model."""
+    model, tokenizer = load_model(model_dir, device="cpu", security=security, base=base, model_cfg=model_cfg)
+    save_model(model, tokenizer, out, prov or {"exported_from": str(model_dir), "base": str(base)})

@@ -6,12 +6,15 @@ checkpoints, and `accelerate` for scale-out: under `accelerate launch` each proc
 shard of every batch and DDP averages the gradients; alone it is a plain single-device loop.
 
 Reference log-probs (the DPO family's pi_ref, GRPO's pi_old and KL reference) are computed once
-before training from the iteration's starting model, so LoRA and full fine-tuning work alike
-and no second copy of the model is kept.
+before training from the iteration's starting model, in micro-batches, so LoRA and full
+fine-tuning work alike and no second copy of the model is kept. Memory is bounded by the
+micro-batch: gradients accumulate over micro-batches up to the batch, each padded to its own
+longest row, and log-probs are gathered for the response tokens only (stages/lib/generation.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -27,7 +30,8 @@ from transformers import PreTrainedTokenizerBase
 
 from .config import Algorithm
 from .errors import TrainingError
-from .generation import encode_for_training, token_logprobs
+from .chat import ChatFormat
+from .generation import Row, collate, encode_rows, pad_id, token_batches, token_logprobs
 from .losses import cream_loss, dpo_loss, grpo_loss, ipo_loss, sft_loss, spin_loss
 
 log = logging.getLogger(__name__)
@@ -146,6 +150,11 @@ def steps_for(n: int, batch_size: int, epochs: int) -> int:
 
 
 StepFn = Callable[[torch.nn.Module, list[int], torch.device], tuple[torch.Tensor, dict[str, float]]]
+WeightFn = Callable[[list[int]], float]
+
+
+def _micro(idx: list[int], size: int) -> list[list[int]]:
+    return [idx[i : i + size] for i in range(0, len(idx), size)] or [[]]
 
 
 def fit(
@@ -160,17 +169,25 @@ def fit(
     stop_loss: float | None = None,
     accelerator=None,
     checkpoints: Checkpoints | None = None,
+    micro_batch_size: int | None = None,
+    weight_fn: WeightFn | None = None,
 ) -> TrainLog:
     """Optimise `model` for `schedule.steps` batches of item indices; step_fn gives the loss.
 
-    With an `accelerate.Accelerator`, the model and optimiser are prepared by it and each process
-    takes its shard of every batch. With `checkpoints`, training resumes from a matching state.
+    Each batch is cut into micro-batches of `micro_batch_size` items: step_fn returns a micro-batch's
+    mean loss, which is scaled by its share of the batch's weight (`weight_fn`: its number of
+    response tokens for token-mean losses, else of items) before backward, so the accumulated
+    gradient is the whole batch's while memory holds one micro-batch. With an
+    `accelerate.Accelerator`, the model and optimiser are prepared by it and each process takes its
+    shard of every batch. With `checkpoints`, training resumes from a matching state.
     """
     train_log = TrainLog()
     if n == 0 or schedule.steps == 0:
         if checkpoints:
             checkpoints.finish(0)
         return train_log
+    weight_fn = weight_fn or (lambda idx: float(len(idx)))
+    micro = micro_batch_size or batch_size
     params, opt, sched = _optimizer(model, schedule)
     names = [name for name, p in model.named_parameters() if p.requires_grad]
     rank, world = 0, 1
@@ -204,18 +221,33 @@ def fit(
     for step, idx in enumerate(_batches(n, batch_size, schedule.steps, seed)):
         if step < start:
             continue  # the data order of a resumed run is the uninterrupted one's
-        loss, stats = step_fn(runner, idx[rank::world], device)
-        value = loss.detach()
+        shard = idx[rank::world]
+        total = max(weight_fn(shard), 1e-12)
+        parts = _micro(shard, micro)
+        opt.zero_grad(set_to_none=True)
+        value = torch.zeros((), device=device)
+        stats: dict[str, float] = {}
+        for k, part in enumerate(parts):
+            share = weight_fn(part) / total if len(parts) > 1 else 1.0
+            sync = accelerator is None or world == 1 or k == len(parts) - 1
+            ctx = contextlib.nullcontext() if sync else accelerator.no_sync(runner)
+            with ctx:
+                loss, part_stats = step_fn(runner, part, device)
+                scaled = loss * share if len(parts) > 1 else loss
+                if accelerator is not None:
+                    accelerator.backward(scaled)
+                else:
+                    scaled.backward()
+            value = value + scaled.detach()
+            for key, v in part_stats.items():
+                stats[key] = stats.get(key, 0.0) + v * (len(part) / len(shard))
         if accelerator is not None and world > 1:
             value = accelerator.reduce(value, "mean")
         if not torch.isfinite(value):
             raise TrainingError(f"{desc}: loss is {value.item()} at step {step}; stopping without writing a model")
-        opt.zero_grad(set_to_none=True)
         if accelerator is not None:
-            accelerator.backward(loss)
             accelerator.clip_grad_norm_(params, max_grad_norm)
         else:
-            loss.backward()
             torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
         opt.step()
         sched.step()
@@ -242,8 +274,25 @@ def fit(
     return train_log
 
 
-def _to(batch: dict[str, torch.Tensor], idx: list[int], device: torch.device) -> dict[str, torch.Tensor]:
-    return {k: v[idx].to(device) for k, v in batch.items()}
+@dataclass
+class Encoded:
+    """Training rows of one algorithm, padded per micro-batch (never to the longest row overall)."""
+
+    rows: list[Row]
+    pad: int
+
+    def batch(self, idx: list[int], device: torch.device) -> dict[str, torch.Tensor]:
+        return {k: v.to(device) for k, v in collate([self.rows[i] for i in idx], self.pad).items()}
+
+    def tokens(self, idx: list[int]) -> float:
+        return float(sum(self.rows[i].response_len for i in idx))
+
+
+def encode(tokenizer: PreTrainedTokenizerBase, prompts: list[str], responses: list[str],
+           chat: ChatFormat | None = None, max_length: int | None = None) -> Encoded:
+    chat = chat or ChatFormat.of(tokenizer)
+    rows = encode_rows(chat, prompts, responses, max_length)
+    return Encoded(rows, pad_id(tokenizer))
 
 
 def train_sft(
@@ -259,6 +308,9 @@ def train_sft(
     stop_loss: float | None = None,
     accelerator=None,
     checkpoints: Checkpoints | None = None,
+    micro_batch_size: int | None = None,
+    chat: ChatFormat | None = None,
+    max_length: int | None = None,
 ) -> TrainLog:
     """Fine-tune on (prompt, response) pairs with the token-mean NLL of the response.
 
@@ -266,28 +318,39 @@ def train_sft(
     """
     if not prompts:
         return fit(model, 0, None, schedule, batch_size, seed, checkpoints=checkpoints)
-    data = encode_for_training(tokenizer, prompts, responses)
+    data = encode(tokenizer, prompts, responses, chat, max_length)
 
     def step(runner, idx, device):
-        logps, mask = token_logprobs(runner, _to(data, idx, device))
+        logps, mask = token_logprobs(runner, data.batch(idx, device))
         return sft_loss(logps, mask), {}
 
     return fit(model, len(prompts), step, schedule, batch_size, seed, max_grad_norm, desc, stop_loss,
-               accelerator, checkpoints)
+               accelerator, checkpoints, micro_batch_size, data.tokens)
 
 
 @torch.no_grad()
-def reference_logprobs(model: torch.nn.Module, data: dict[str, torch.Tensor], batch_size: int = 256) -> torch.Tensor:
-    """Per-token log-probs (N, T-1) of every row of `data` under `model` as it is now."""
+def reference_logprobs(model: torch.nn.Module, data: Encoded, batch_size: int = 64) -> list[torch.Tensor]:
+    """Per-token log-probs of each row's response tokens under `model` as it is now (fp32, CPU)."""
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    out = []
-    for start in range(0, len(data["input_ids"]), batch_size):
-        idx = list(range(start, min(start + batch_size, len(data["input_ids"]))))
-        out.append(token_logprobs(model, _to(data, idx, device))[0].float().cpu())
+    out: list[torch.Tensor] = [torch.empty(0)] * len(data.rows)
+    for idx in token_batches([len(r.ids) for r in data.rows], batch_size, 1 << 62):
+        logps, _ = token_logprobs(model, data.batch(idx, device))
+        logps = logps.float().cpu()
+        for j, i in enumerate(idx):
+            out[i] = logps[j, : data.rows[i].response_len].clone()
     model.train(was_training)
-    return torch.cat(out)
+    return out
+
+
+def _stack(per_row: list[torch.Tensor], idx: list[int], width: int, device: torch.device) -> torch.Tensor:
+    """Response-aligned per-token values of rows `idx`, zero-padded to `width` columns."""
+    out = torch.zeros((len(idx), width))
+    for j, i in enumerate(idx):
+        t = per_row[i][:width]
+        out[j, : len(t)] = t
+    return out.to(device)
 
 
 def train_preference(
@@ -306,6 +369,9 @@ def train_preference(
     max_grad_norm: float = 1.0,
     accelerator=None,
     checkpoints: Checkpoints | None = None,
+    micro_batch_size: int | None = None,
+    chat: ChatFormat | None = None,
+    max_length: int | None = None,
 ) -> TrainLog:
     """DPO, IPO, SPIN or CREAM on (prompt, chosen, rejected); the reference is the starting model.
 
@@ -315,20 +381,24 @@ def train_preference(
     """
     if not prompts:
         return fit(model, 0, None, schedule, batch_size, seed, checkpoints=checkpoints)
-    enc_c = encode_for_training(tokenizer, prompts, chosen)
-    enc_r = encode_for_training(tokenizer, prompts, rejected)
-    ref_c, ref_r = reference_logprobs(model, enc_c), reference_logprobs(model, enc_r)
+    micro = micro_batch_size or batch_size
+    enc_c = encode(tokenizer, prompts, chosen, chat, max_length)
+    enc_r = encode(tokenizer, prompts, rejected, chat, max_length)
     mean = algorithm == Algorithm.ipo
-    len_c, len_r = enc_c["loss_mask"][:, 1:].sum(-1), enc_r["loss_mask"][:, 1:].sum(-1)
-    if mean:
-        ref_c_seq, ref_r_seq = ref_c.sum(-1) / len_c.clamp(min=1), ref_r.sum(-1) / len_r.clamp(min=1)
-    else:
-        ref_c_seq, ref_r_seq = ref_c.sum(-1), ref_r.sum(-1)
+
+    def seq(per_row: list[torch.Tensor]) -> torch.Tensor:
+        sums = torch.tensor([float(t.sum()) for t in per_row])
+        if mean:
+            return sums / torch.tensor([max(1, len(t)) for t in per_row], dtype=torch.float)
+        return sums
+
+    ref_c_seq = seq(reference_logprobs(model, enc_c, micro))
+    ref_r_seq = seq(reference_logprobs(model, enc_r, micro))
     cons = torch.tensor(consistency if consistency is not None else [0.5] * len(prompts), dtype=torch.float)
 
     def step(runner, idx, device):
-        lc, mc = token_logprobs(runner, _to(enc_c, idx, device))
-        lr_, mr = token_logprobs(runner, _to(enc_r, idx, device))
+        lc, mc = token_logprobs(runner, enc_c.batch(idx, device))
+        lr_, mr = token_logprobs(runner, enc_r.batch(idx, device))
         pc, pr = lc.sum(-1), lr_.sum(-1)
         if mean:
             pc, pr = pc / mc.sum(-1).clamp(min=1), pr / mr.sum(-1).clamp(min=1)
@@ -354,7 +424,7 @@ def train_preference(
         }
 
     return fit(model, len(prompts), step, schedule, batch_size, seed, max_grad_norm, algorithm.value,
-               accelerator=accelerator, checkpoints=checkpoints)
+               accelerator=accelerator, checkpoints=checkpoints, micro_batch_size=micro_batch_size)
 
 
 def train_grpo(
@@ -371,21 +441,25 @@ def train_grpo(
     max_grad_norm: float = 1.0,
     accelerator=None,
     checkpoints: Checkpoints | None = None,
+    micro_batch_size: int | None = None,
+    chat: ChatFormat | None = None,
+    max_length: int | None = None,
 ) -> TrainLog:
     """GRPO on stored groups: the samples were drawn by the starting model, which is both pi_old
     (the clipped ratio) and the KL reference; several epochs over them move the ratio off 1."""
     if not prompts:
         return fit(model, 0, None, schedule, batch_size, seed, checkpoints=checkpoints)
-    data = encode_for_training(tokenizer, prompts, responses)
-    old = reference_logprobs(model, data)
+    data = encode(tokenizer, prompts, responses, chat, max_length)
+    old = reference_logprobs(model, data, micro_batch_size or batch_size)
     adv = torch.tensor(advantages, dtype=torch.float)
 
     def step(runner, idx, device):
-        logps, mask = token_logprobs(runner, _to(data, idx, device))
-        o = old[idx].to(device)
+        logps, mask = token_logprobs(runner, data.batch(idx, device))
+        o = _stack(old, idx, logps.shape[1], device)
         loss, stats = grpo_loss(logps, o, adv[idx].to(device), mask, clip_eps,
                                 ref_logps=o if kl_beta > 0 else None, kl_beta=kl_beta)
         return loss, {k: float(v) for k, v in stats.items()}
 
     return fit(model, len(prompts), step, schedule, batch_size, seed, max_grad_norm, "grpo",
-               accelerator=accelerator, checkpoints=checkpoints)
+               accelerator=accelerator, checkpoints=checkpoints, micro_batch_size=micro_batch_size,
+               weight_fn=data.tokens)

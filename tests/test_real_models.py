@@ -1,0 +1,259 @@
+"""Pretrained models through every stage, on a small chat model built in the test (no download):
+one formatting path, stop ids and truncation, memory-bounded training, adapter chains, export,
+and bad `model.base` values refused before any work."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+
+from stages import export, prepare
+from stages.lib import artifacts as art
+from stages.lib.chat import ChatFormat
+from stages.lib.config import LoraConfig
+from stages.lib.generation import (SamplingSpec, chat_format, collate, encode_rows, generate,
+                                   selective_log_softmax, token_logprobs)
+from stages.lib.models import attach_lora, load_model
+from stages.lib.training import Schedule, train_sft
+
+from .conftest import ROOT, deep_merge
+from .test_pipeline import run_all, stage_commands
+
+
+@pytest.fixture(scope="module")
+def bpe(bpe_model_dir):
+    return load_model(bpe_model_dir, device="cpu")
+
+
+def test_training_rows_start_with_exactly_the_inference_prompt(bpe, monkeypatch):
+    model, tok = bpe
+    chat = chat_format(model, tok)
+    prompts = ["12+34=", "7+8=", [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1="}]]
+    seen: list[list[int]] = []
+    real = model.generate
+
+    def spy(input_ids, attention_mask, **kw):
+        for ids, mask in zip(input_ids.tolist(), attention_mask.tolist()):
+            seen.append([i for i, m in zip(ids, mask) if m])
+        assert kw["eos_token_id"] == chat.stop_ids
+        return real(input_ids=input_ids, attention_mask=attention_mask, **kw)
+
+    monkeypatch.setattr(model, "generate", spy)
+    generate(model, tok, prompts, SamplingSpec(n=1, greedy=True, max_new_tokens=2), 0, progress=False)
+    rows = encode_rows(chat, prompts, ["The answer is 46.", "15", "2"])
+    assert sorted(seen) == sorted(r.ids[: r.prompt_len] for r in rows)
+    text = tok.decode(rows[0].ids[: rows[0].prompt_len])
+    assert text == "<|im_start|>user\n12+34=<|im_end|>\n<|im_start|>assistant\n"
+    # the training target: the response, then the template's end of turn, and the loss only there
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert rows[0].ids[-1] == im_end and chat.end_of_turn == [im_end]
+    batch = collate(rows, tok.pad_token_id)
+    assert batch["loss_mask"][0].sum().item() == rows[0].response_len
+    assert tok.decode([i for i, m in zip(batch["input_ids"][0].tolist(), batch["loss_mask"][0].tolist()) if m]) \
+        == "The answer is 46.<|im_end|>"
+
+
+def test_generation_stops_on_every_eos_id_and_counts_truncation(bpe):
+    model, tok = bpe
+    chat = chat_format(model, tok)
+    end_of_text, im_end = tok.convert_tokens_to_ids("<|endoftext|>"), tok.convert_tokens_to_ids("<|im_end|>")
+    assert set(chat.stop_ids) == {end_of_text, im_end}  # the generation config lists both
+    spec = SamplingSpec(n=2, temperature=1.0, max_new_tokens=4)
+    free = generate(model, tok, ["1+2="], spec, 0, progress=False)
+    assert free.truncated == [[True, True]] and free.truncated_share() == 1.0
+    # make the second eos id (not the tokenizer's eos) the only likely token: generation stops there
+    hook = model.lm_head.register_forward_hook(lambda m, i, out: out.index_fill(-1, torch.tensor([end_of_text]), 1e4))
+    try:
+        stopped = generate(model, tok, ["1+2="], spec, 0, progress=False)
+        only_im_end = ChatFormat(tok, True, [im_end], [im_end])
+        runs_on = generate(model, tok, ["1+2="], spec, 0, progress=False, chat=only_im_end)
+    finally:
+        hook.remove()
+    assert stopped == [["", ""]] and stopped.truncated == [[False, False]]
+    assert runs_on.truncated == [[True, True]]
+    assert chat.cut_at_stop([5, 6, end_of_text, 7]) == ([5, 6], True)
+    assert chat.cut_at_stop([5, 6]) == ([5, 6], False)
+
+
+def test_response_logprobs_do_not_depend_on_the_batch(bpe):
+    model, tok = bpe
+    chat = chat_format(model, tok)
+    rows = encode_rows(chat, ["1+2=", "a much longer prompt: 12+34+56=", "9+9="], ["3", "The answer is 102.", "18"])
+    with torch.no_grad():
+        together, mask = token_logprobs(model, collate(rows, tok.pad_token_id))
+        for i, r in enumerate(rows):
+            alone, m1 = token_logprobs(model, collate([r], tok.pad_token_id))
+            n = r.response_len
+            assert mask[i].sum().item() == m1.sum().item() == n
+            assert torch.allclose(together[i, :n], alone[0, :n], atol=1e-5)
+            # the direct computation: full log-softmax over the row
+            logits = model(input_ids=torch.tensor([r.ids])).logits[0, :-1]
+            direct = F.log_softmax(logits.double(), -1).gather(1, torch.tensor(r.ids[1:])[:, None])[:, 0]
+            assert torch.allclose(alone[0, :n].double(), direct[r.prompt_len - 1 :], atol=1e-5)
+
+
+def test_selective_log_softmax_matches_log_softmax():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 50) * 4
+    index = torch.randint(0, 50, (3, 5))
+    want = F.log_softmax(logits.double(), -1).gather(-1, index[..., None])[..., 0]
+    assert torch.allclose(selective_log_softmax(logits, index).double(), want, atol=1e-5)
+    assert torch.allclose(selective_log_softmax(logits.bfloat16(), index).double(), want, atol=0.1)
+
+
+def test_micro_batches_accumulate_to_the_whole_batch_gradient(bpe_model_dir):
+    prompts = [f"{a}+{b}=" for a, b in zip(range(10, 18), range(30, 38))]
+    responses = [f"The answer is {a + b}." if a % 2 else str(a + b) for a, b in zip(range(10, 18), range(30, 38))]
+    weights = []
+    for micro in (None, 3):
+        model, tok = load_model(bpe_model_dir, device="cpu")
+        train_sft(model, tok, prompts, responses, Schedule(1e-2, 2), batch_size=8, seed=0, micro_batch_size=micro,
+                  chat=chat_format(model, tok))
+        weights.append({k: v.clone() for k, v in model.state_dict().items()})
+    for k in weights[0]:
+        assert torch.allclose(weights[0][k], weights[1][k], atol=1e-5), k
+    assert any(not torch.equal(weights[0][k], load_model(bpe_model_dir, device="cpu")[0].state_dict()[k])
+               for k in weights[0])
+
+
+def _digest(directory: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted(directory.rglob("*")):
+        if f.is_file():
+            h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def pretrained_loop(bpe_model_dir, tmp_path_factory):
+    """The whole loop in-process with the BPE chat model as model.base (LoRA, DPO on self-certainty)."""
+    from .conftest import TINY
+
+    work = tmp_path_factory.mktemp("pretrained-loop")
+    raw = deep_merge(TINY, {"model": {"base": str(bpe_model_dir), "max_length": 64},
+                            "judge": {"method": "self_certainty"},
+                            "sample": {"max_new_tokens": 6, "k": 2},
+                            "evaluate": {"max_new_tokens": 6},
+                            "train": {"algorithm": "dpo", "batch_size": 8, "micro_batch_size": 3,
+                                      "lora": {"r": 4, "alpha": 8}}})
+    params = work / "params.yaml"
+    params.write_text(yaml.safe_dump(raw))
+    before = _digest(bpe_model_dir)
+    mp = pytest.MonkeyPatch()
+    try:
+        run_all(work, params, mp)
+    finally:
+        mp.undo()
+    return work, params, before
+
+
+def test_pretrained_base_runs_every_stage_with_adapters_not_copies(pretrained_loop, bpe_model_dir):
+    work, _, before = pretrained_loop
+    assert _digest(bpe_model_dir) == before  # LoRA never writes the base
+    it0 = work / "data/it0/model"
+    record = json.loads((it0 / "base.json").read_text())
+    assert record["kind"] == "local" and record["path"] == str(bpe_model_dir)
+    assert not list(it0.glob("*.safetensors"))  # a record, not a copy of the weights
+    chain = json.loads((work / "data/it3/model/chain.json").read_text())
+    assert chain["adapters"] == ["it1", "it2", "it3"] and chain["base"] == "base:" + record["sha256"]
+    for it in ("it1", "it2", "it3"):
+        m = art.read_json(work / "reports" / it / "metrics.json")
+        assert m["num_pairs"] > 0 and m["train_steps"] > 0
+        assert 0.0 <= m["truncated_share"] <= 1.0 and 0.0 <= m["eval_truncated_share"] <= 1.0
+        assert not list((work / "data" / it / "model").glob("*.safetensors"))
+    samples = art.read_table(work / "data/it1/samples.parquet", art.SAMPLES)
+    assert samples["truncated"].dtype == bool and samples["truncated"].any()
+    # each iteration's adapter changed the model
+    m2, tok = load_model(work / "data/it2/model", device="cpu", base=it0)
+    m3, _ = load_model(work / "data/it3/model", device="cpu", base=it0)
+    ids = torch.tensor([chat_format(m2, tok).prompt_ids("12+34=")])
+    with torch.no_grad():
+        assert not torch.allclose(m2(input_ids=ids).logits, m3(input_ids=ids).logits)
+
+
+def test_adapter_chain_equals_the_merged_export(pretrained_loop, tmp_path, monkeypatch):
+    work, params, _ = pretrained_loop
+    shutil.copy(ROOT / "dvc.yaml", work / "dvc.yaml")  # --iteration reads the paths from it
+    monkeypatch.chdir(work)
+    export.main(["--iteration", "it2", "--out", str(tmp_path / "it2"), "--params", str(params)])
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "it2")  # no pipeline code involved
+    plain_tok = AutoTokenizer.from_pretrained(tmp_path / "it2")
+    chained, tok = load_model(work / "data/it2/model", device="cpu", base=work / "data/it0/model")
+    assert plain_tok.chat_template == tok.chat_template
+    assert plain.generation_config.eos_token_id == chained.generation_config.eos_token_id
+    ids = torch.tensor([chat_format(chained, tok).prompt_ids("12+34=") + [5, 6, 7]])
+    with torch.no_grad():
+        assert torch.allclose(plain(input_ids=ids).logits, chained(input_ids=ids).logits, atol=1e-5)
+    size = sum(f.stat().st_size for f in (work / "data/it2/model").rglob("*") if f.is_file())
+    assert size < sum(f.stat().st_size for f in (tmp_path / "it2").glob("*.safetensors"))
+
+
+def test_lora_leaves_base_weights_and_trains_the_adapter(bpe_model_dir):
+    model, tok = load_model(bpe_model_dir, device="cpu")
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    peft = attach_lora(model, LoraConfig(r=4, alpha=8))
+    lora = {k: v.clone() for k, v in peft.named_parameters() if "lora_" in k}
+    train_sft(peft, tok, ["1+2="] * 4, ["3"] * 4, Schedule(1e-2, 3), 4, 0, chat=chat_format(model, tok))
+    assert all(not torch.equal(v, lora[k]) for k, v in peft.named_parameters() if "lora_B" in k)
+    for k, v in peft.get_base_model().state_dict().items():
+        if "lora_" not in k:
+            assert torch.equal(v, base[k.replace("base_layer.", "")]), k
+
+
+# --- bad model.base values: one line, exit 2, nothing written ----------------------------------------
+
+def _refused(tmp_path, raw, capsys) -> str:
+    tmp_path.mkdir(parents=True)
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = stage_commands()[0][3:]
+    argv = [a if not a.startswith("data/") else str(out / a) for a in argv]
+    with pytest.raises(SystemExit) as exit_:
+        prepare.main(argv + ["--params", str(params)])
+    assert exit_.value.code == 2
+    assert list(out.rglob("*")) == []
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0, err
+    return err
+
+
+def test_bad_model_base_is_refused_before_any_work(tmp_path, tiny_raw, bpe_model_dir, capsys, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    missing = tmp_path / "no-such-model"
+    err = _refused(tmp_path / "a", {**tiny_raw, "model": {"base": str(missing)}}, capsys)
+    assert err == f"prepare: error: model.base: {missing}: no such directory or file (and not a hub id of the form org/name)"
+    empty = tmp_path / "no-weights"
+    shutil.copytree(bpe_model_dir, empty)
+    (empty / "model.safetensors").unlink()
+    err = _refused(tmp_path / "b", {**tiny_raw, "model": {"base": str(empty)}}, capsys)
+    assert err == f"prepare: error: model.base: {empty}: no weights (*.safetensors) in the directory"
+    fake = tmp_path / "fake.gguf"
+    fake.write_bytes(b"PK\x03\x04 not a gguf")
+    err = _refused(tmp_path / "c", {**tiny_raw, "model": {"base": str(fake)}}, capsys)
+    assert err == f"prepare: error: model.base: {fake}: not a GGUF file (it does not start with 'GGUF')"
+    err = _refused(tmp_path / "d", {**tiny_raw, "model": {"base": "no-such-org/no-such-model"}}, capsys)
+    assert err.startswith("prepare: error: model.base: no-such-org/no-such-model: not a local directory, "
+                          "and fetching it from the Hugging Face hub failed (")
+    no_eos = tmp_path / "no-eos"
+    shutil.copytree(bpe_model_dir, no_eos)
+    cfg = json.loads((no_eos / "tokenizer_config.json").read_text())
+    cfg.pop("eos_token", None)
+    cfg.pop("pad_token", None)
+    (no_eos / "tokenizer_config.json").write_text(json.dumps(cfg))
+    err = _refused(tmp_path / "e", {**tiny_raw, "model": {"base": str(no_eos)}}, capsys)
+    assert err.startswith(f"prepare: error: model.base: {no_eos}: its tokenizer has no eos token")
+    err = _refused(tmp_path / "f", {**tiny_raw, "model": {"base": "builtin", "gguf_file": "x.gguf"}}, capsys)
+    assert "model.gguf_file and model.revision need a pretrained model.base" in err

@@ -1,0 +1,80 @@
+"""A real pretrained model through one iteration: SmolLM2-135M-Instruct (`make smollm2`) on CPU.
+
+Slow (a minute or two on 2 cores), so not in the default run: `make test-slow` (CI runs it).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+
+from stages import evaluate, evolve, judge, pairs, prepare, sample, train
+from stages.lib import artifacts as art
+from stages.lib.generation import chat_format
+from stages.lib.models import load_model
+
+from .conftest import ROOT, TINY, deep_merge
+
+SMOL = ROOT / "models" / "smollm2-135m-instruct"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not (SMOL / "model.safetensors").is_file(), reason="run `make smollm2` first"),
+]
+
+
+def test_one_iteration_on_smollm2(tmp_path, monkeypatch):
+    raw = deep_merge(TINY, {
+        "model": {"base": str(SMOL), "max_length": 256},
+        "task": {"heldout_size": 8, "ttt_size": 8},
+        "evolve": {"fresh": 0, "keep_top": 0, "rewrites": 1},
+        "sample": {"k": 2, "max_new_tokens": 24, "temperature": 0.7},
+        "judge": {"method": "self_certainty"},
+        "train": {"algorithm": "dpo", "epochs": 1, "batch_size": 8, "micro_batch_size": 4,
+                  "lora": {"r": 4, "alpha": 8}},
+        "evaluate": {"k": 2, "max_new_tokens": 24},
+        "loop": {"it1": {"prev": "it0", "ref": "init"}},
+    })
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(raw))
+    monkeypatch.chdir(tmp_path)
+    p = ["--params", str(params)]
+    prepare.main(["--heldout", "task/heldout.parquet", "--ttt", "task/ttt.parquet", "--seed-data", "task/seed.parquet",
+                  "--model", "it0/model", "--init-model", "init/model", "--judgments", "it0/judgments.parquet",
+                  "--metrics", "it0/train.json", "--curriculum", "it0/curriculum.json", *p])
+    record = json.loads((tmp_path / "it0/model/base.json").read_text())
+    assert record["kind"] == "local" and len(record["sha256"]) == 64
+    it = ["--iteration", "it1"]
+    evolve.main([*it, "--ttt", "task/ttt.parquet", "--heldout", "task/heldout.parquet",
+                 "--prev-judgments", "it0/judgments.parquet", "--seed-data", "task/seed.parquet",
+                 "--prev-curriculum", "it0/curriculum.json", "--model", "it0/model", "--base", "it0/model",
+                 "--out", "it1/prompts.parquet", "--curriculum", "it1/curriculum.json", *p])
+    sample.main([*it, "--prompts", "it1/prompts.parquet", "--model", "it0/model", "--base", "it0/model",
+                 "--out", "it1/samples.parquet", *p])
+    judge.main([*it, "--samples", "it1/samples.parquet", "--model", "it0/model", "--ref-model", "init/model",
+                "--base", "it0/model", "--out", "it1/judgments.parquet", *p])
+    pairs.main([*it, "--judgments", "it1/judgments.parquet", "--pairs", "it1/pairs.parquet",
+                "--sft", "it1/sft.parquet", "--groups", "it1/groups.parquet", *p])
+    train.main([*it, "--model", "it0/model", "--base", "it0/model", "--pairs", "it1/pairs.parquet",
+                "--sft", "it1/sft.parquet", "--groups", "it1/groups.parquet", "--out", "it1/model",
+                "--metrics", "it1/train.json", "--checkpoints", "it1/checkpoints", *p])
+    evaluate.main([*it, "--model", "it1/model", "--base", "it0/model", "--heldout", "task/heldout.parquet",
+                   "--ttt", "task/ttt.parquet", "--train-metrics", "it1/train.json",
+                   "--judgments", "it1/judgments.parquet", "--pairs", "it1/pairs.parquet", "--sft", "it1/sft.parquet",
+                   "--out", "it1/metrics.json", *p])
+    samples = art.read_table(tmp_path / "it1/samples.parquet", art.SAMPLES)
+    assert samples["response"].str.len().mean() > 10  # a real model answers in words
+    m = art.read_json(tmp_path / "it1/metrics.json")
+    assert m["num_pairs"] > 0 and m["train_steps"] >= 1 and 0 <= m["truncated_share"] <= 1
+    chain = json.loads((tmp_path / "it1/model/chain.json").read_text())
+    assert chain["adapters"] == ["it1"]
+    adapter = sum(f.stat().st_size for f in (tmp_path / "it1/model").rglob("*") if f.is_file())
+    assert adapter < 0.05 * (SMOL / "model.safetensors").stat().st_size
+    base, tok = load_model(tmp_path / "it0/model", device="cpu")
+    new, _ = load_model(tmp_path / "it1/model", device="cpu", base=tmp_path / "it0/model")
+    ids = torch.tensor([chat_format(base, tok).prompt_ids("23+45=")])
+    with torch.no_grad():
+        assert not torch.allclose(base(input_ids=ids).logits, new(input_ids=ids).logits)
