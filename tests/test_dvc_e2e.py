@@ -80,10 +80,27 @@ def _outputs(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in files if p.name != "README.md"}
 
 
+def _read_model_dir(path: Path) -> None:
+    """Read every file a model directory of the pipeline needs: full weights, or an adapter chain
+    (chain.json and each adapter), or a base record; FileNotFoundError when one is missing."""
+    from safetensors import safe_open
+
+    if (path / "chain.json").is_file():
+        for name in json.loads((path / "chain.json").read_text())["adapters"]:
+            with safe_open(path / "adapters" / name / "adapter_model.safetensors", framework="pt") as f:
+                f.keys()
+            json.loads((path / "adapters" / name / "adapter_config.json").read_text())
+    elif (path / "base.json").is_file():
+        json.loads((path / "base.json").read_text())
+    else:
+        with safe_open(path / "model.safetensors", framework="pt") as f:
+            f.keys()
+        json.loads((path / "config.json").read_text())
+
+
 def _complete(path: Path) -> str | None:
     """Why the output at `path` is not a complete artifact, or None when it is (or is absent)."""
     import pyarrow.parquet as pq
-    from safetensors import safe_open
 
     try:
         if path.suffix == ".parquet":
@@ -91,16 +108,17 @@ def _complete(path: Path) -> str | None:
         elif path.suffix == ".json":
             json.loads(path.read_text())
         elif path.name == "model":
-            with safe_open(path / "model.safetensors", framework="pt") as f:
-                f.keys()
-            json.loads((path / "config.json").read_text())
+            _read_model_dir(path)
     except FileNotFoundError:
         # gone while being read: DVC removing a stale output (a directory file by file) before
         # it reruns the stage is a removal, not a write; a model dir that stays incomplete is
         if path.name == "model":
             time.sleep(0.2)
-            if path.exists() and not all((path / n).is_file() for n in ("config.json", "model.safetensors")):
-                return f"{path}: incomplete"
+            if path.exists():
+                try:
+                    _read_model_dir(path)
+                except FileNotFoundError:
+                    return f"{path}: incomplete"
     except Exception as err:  # noqa: BLE001 - any failure to read is the finding
         return f"{path}: {type(err).__name__}: {err}"
     return None

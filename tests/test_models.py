@@ -43,7 +43,7 @@ def test_loss_mask_covers_response_and_eos_only(tok):
 
 def test_lora_trains_adapter_only_and_merge_is_exact(tok, trained, tmp_path):
     save_model(trained, tok, tmp_path / "base", {"test": True})
-    base, _ = load_model(tmp_path / "base")
+    base, _ = load_model(tmp_path / "base", device="cpu")
     before = {k: v.clone() for k, v in base.state_dict().items()}
     model = attach_lora(base, LoraConfig(r=4, alpha=8))
     lora_before = {k: v.clone() for k, v in model.named_parameters() if "lora_" in k}

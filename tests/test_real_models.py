@@ -112,13 +112,16 @@ def test_micro_batches_accumulate_to_the_whole_batch_gradient(bpe_model_dir):
     prompts = [f"{a}+{b}=" for a, b in zip(range(10, 18), range(30, 38))]
     responses = [f"The answer is {a + b}." if a % 2 else str(a + b) for a, b in zip(range(10, 18), range(30, 38))]
     weights = []
-    for micro in (None, 3):
+    for micro, checkpointing in ((None, False), (3, False), (3, True)):
         model, tok = load_model(bpe_model_dir, device="cpu")
+        if checkpointing:  # recomputed activations: the same gradients
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         train_sft(model, tok, prompts, responses, Schedule(1e-2, 2), batch_size=8, seed=0, micro_batch_size=micro,
                   chat=chat_format(model, tok))
         weights.append({k: v.clone() for k, v in model.state_dict().items()})
     for k in weights[0]:
         assert torch.allclose(weights[0][k], weights[1][k], atol=1e-5), k
+        assert torch.allclose(weights[1][k], weights[2][k], atol=1e-5), k
     assert any(not torch.equal(weights[0][k], load_model(bpe_model_dir, device="cpu")[0].state_dict()[k])
                for k in weights[0])
 
@@ -163,6 +166,10 @@ def test_pretrained_base_runs_every_stage_with_adapters_not_copies(pretrained_lo
     assert not list(it0.glob("*.safetensors"))  # a record, not a copy of the weights
     chain = json.loads((work / "data/it3/model/chain.json").read_text())
     assert chain["adapters"] == ["it1", "it2", "it3"] and chain["base"] == "base:" + record["sha256"]
+    adapter = json.loads((work / "data/it3/model/adapters/it3/adapter_config.json").read_text())
+    # no machine path, and no order that changes with Python's hash seed (peft keeps a set)
+    assert adapter["base_model_name_or_path"] is None
+    assert adapter["target_modules"] == sorted(adapter["target_modules"])
     for it in ("it1", "it2", "it3"):
         m = art.read_json(work / "reports" / it / "metrics.json")
         assert m["num_pairs"] > 0 and m["train_steps"] > 0
@@ -257,3 +264,33 @@ def test_bad_model_base_is_refused_before_any_work(tmp_path, tiny_raw, bpe_model
     assert err.startswith(f"prepare: error: model.base: {no_eos}: its tokenizer has no eos token")
     err = _refused(tmp_path / "f", {**tiny_raw, "model": {"base": "builtin", "gguf_file": "x.gguf"}}, capsys)
     assert "model.gguf_file and model.revision need a pretrained model.base" in err
+
+
+def test_adapters_merge_as_peft_merges_them(bpe_model_dir, tmp_path):
+    """stages/lib/models.py merges plain LoRA adapters itself (peft's import costs seconds per
+    stage): the result equals peft's own adapted model, for two adapters applied in turn."""
+    from peft import PeftModel
+
+    from stages.lib.models import apply_adapters
+
+    model, tok = load_model(bpe_model_dir, device="cpu")
+    ids = torch.tensor([chat_format(model, tok).prompt_ids("12+34=") + [5, 6, 7]])
+    dirs = []
+    for i in range(2):
+        peft = attach_lora(load_model(bpe_model_dir, device="cpu")[0], LoraConfig(r=4, alpha=8 + 4 * i))
+        with torch.no_grad():
+            for name, p in peft.named_parameters():
+                if "lora_" in name:
+                    p.copy_(torch.randn_like(p) * 0.05)  # B is zero at init: give it a delta
+        peft.save_pretrained(tmp_path / f"a{i}")
+        dirs.append(tmp_path / f"a{i}")
+    ours = apply_adapters(load_model(bpe_model_dir, device="cpu")[0], dirs)
+    theirs = load_model(bpe_model_dir, device="cpu")[0]
+    for d in dirs:
+        theirs = PeftModel.from_pretrained(theirs, d)  # adapted, not merged
+        with torch.no_grad():
+            stepwise = theirs(input_ids=ids).logits
+        theirs = theirs.merge_and_unload()
+    with torch.no_grad():
+        assert torch.allclose(ours(input_ids=ids).logits, stepwise, atol=1e-5)
+        assert not torch.allclose(ours(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-3)

@@ -60,25 +60,37 @@ def _check_gguf(path: Path) -> None:
             raise ConfigError(f"model.base: {path}: not a GGUF file (it does not start with 'GGUF')")
 
 
-def _check_local_dir(path: Path, security: SecurityConfig) -> None:
+def check_model_dir(path: str | Path, security: SecurityConfig = SecurityConfig(), error: type | None = None,
+                    prefix: str = "") -> Path:
+    """Refuse a directory that is not a loadable HF model under `security`, naming what is wrong.
+
+    Raises `error` (ArtifactError for a stage's input; ConfigError, with `prefix` naming the params
+    key, for `model.base`)."""
+    from .errors import ArtifactError
+
+    error = error or ArtifactError
+    path = Path(path)
+    if not path.is_dir():
+        raise error(f"{prefix}{path}: model directory not found")
     config = path / "config.json"
     if not config.is_file():
-        raise ConfigError(f"model.base: {path}: no config.json, not a Hugging Face model directory")
+        raise error(f"{prefix}{path}: no config.json, not a Hugging Face model directory")
     try:
         cfg = json.loads(config.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ConfigError(f"model.base: {config}: not valid JSON ({err})") from None
+        raise error(f"{prefix}{config}: not valid JSON ({err})") from None
     if not isinstance(cfg, dict):
-        raise ConfigError(f"model.base: {config}: expected a JSON object")
+        raise error(f"{prefix}{config}: expected a JSON object")
     if "auto_map" in cfg and not security.trust_remote_code:
-        raise ConfigError(f"model.base: {path}: the model ships its own code (auto_map in config.json); "
-                          "set security.trust_remote_code: true only if you trust it")
+        raise error(f"{prefix}{path}: the model ships its own code (auto_map in config.json); "
+                    "set security.trust_remote_code: true only if you trust it")
     if not any(path.glob("*.safetensors")):
         if not (any(path.glob("*.bin")) or any(path.glob("*.pt"))):
-            raise ConfigError(f"model.base: {path}: no weights (*.safetensors) in the directory")
+            raise error(f"{prefix}{path}: no weights (*.safetensors) in the directory")
         if not security.allow_pickle_weights:
-            raise ConfigError(f"model.base: {path}: only pickle weights (*.bin); convert them to safetensors, "
-                              "or set security.allow_pickle_weights: true if you trust them")
+            raise error(f"{prefix}{path}: only pickle weights found (*.bin); convert them to safetensors, "
+                        "or set security.allow_pickle_weights: true if you trust them")
+    return path
 
 
 def _hub_snapshot(repo_id: str, revision: str | None, gguf_file: str | None, local_only: bool = False) -> Path:
@@ -123,7 +135,7 @@ def resolve_base(cfg: ModelConfig, security: SecurityConfig = SecurityConfig()) 
         if cfg.gguf_file:
             _check_gguf(path / cfg.gguf_file)
         else:
-            _check_local_dir(path, security)
+            check_model_dir(path, security, ConfigError, "model.base: ")
         record.update(kind="local", path=str(path))
     elif _looks_like_path(value):
         raise ConfigError(f"model.base: {value}: no such directory or file (and not a hub id of the form org/name)")
@@ -136,7 +148,7 @@ def resolve_base(cfg: ModelConfig, security: SecurityConfig = SecurityConfig()) 
         if cfg.gguf_file:
             _check_gguf(snap / cfg.gguf_file)
         else:
-            _check_local_dir(snap, security)
+            check_model_dir(snap, security, ConfigError, "model.base: ")
         record.update(kind="hub", path=str(snap), revision=snap.name)  # snapshot dirs are named by commit
     directory = Path(record["path"])
     _check_tokenizer(directory, record["gguf_file"], security, value)

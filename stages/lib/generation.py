@@ -225,8 +225,11 @@ def _response_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]):
     input_ids = batch["input_ids"]
     width = input_ids.shape[1]
     s = max(0, int(batch["prompt_len"].min()) - 1)  # the first position whose logits predict a response token
-    out = model(input_ids=input_ids, attention_mask=batch["attention_mask"], logits_to_keep=width - s)
-    logits = out.logits[:, :-1]  # positions s .. width-2
+    try:
+        out = model(input_ids=input_ids, attention_mask=batch["attention_mask"], logits_to_keep=width - s)
+        logits = out.logits[:, :-1]  # positions s .. width-2
+    except TypeError:  # an architecture without logits_to_keep: all positions, then the slice
+        logits = model(input_ids=input_ids, attention_mask=batch["attention_mask"]).logits[:, s:-1]
     return logits, input_ids[:, s + 1 :], s
 
 

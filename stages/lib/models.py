@@ -10,6 +10,7 @@ standalone copy is written only on export (stages/export.py).
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import string
@@ -21,7 +22,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
 from .artifacts import ArtifactError, atomic_path
-from .base import BASE_FILE, base_location, check_unchanged, content_hash, read_record
+from .base import BASE_FILE, base_location, check_model_dir, check_unchanged, content_hash, read_record
 from .config import DType, LoraConfig, ModelConfig, ModelShape, SecurityConfig
 from .errors import ConfigError
 
@@ -64,32 +65,6 @@ def build_tiny_model(shape: ModelShape, tokenizer: PreTrainedTokenizerBase, seed
         tie_word_embeddings=False,
     )
     return LlamaForCausalLM(config)
-
-
-def check_model_dir(path: str | Path, security: SecurityConfig = SecurityConfig()) -> Path:
-    """Refuse a directory that is not a loadable HF model under `security`, naming what is wrong."""
-    path = Path(path)
-    if not path.is_dir():
-        raise ArtifactError(f"{path}: model directory not found")
-    if not (path / "config.json").is_file():
-        raise ArtifactError(f"{path}: no config.json, not a Hugging Face model directory")
-    try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ArtifactError(f"{path}/config.json: not valid JSON ({err})") from None
-    if not isinstance(config, dict):
-        raise ArtifactError(f"{path}/config.json: expected a JSON object")
-    if "auto_map" in config and not security.trust_remote_code:
-        raise ArtifactError(f"{path}: the model ships its own code (auto_map in config.json); "
-                            "set security.trust_remote_code: true only if you trust it")
-    if not any(path.glob("*.safetensors")):
-        pickles = any(path.glob("*.bin")) or any(path.glob("*.pt"))
-        if not pickles:
-            raise ArtifactError(f"{path}: no *.safetensors weights")
-        if not security.allow_pickle_weights:
-            raise ArtifactError(f"{path}: only pickle weights found (*.bin); convert them to safetensors, "
-                                "or set security.allow_pickle_weights: true if you trust them")
-    return path
 
 
 def resolve_dtype(dtype: DType, device: str | torch.device) -> torch.dtype:
@@ -207,14 +182,46 @@ def model_identity(path: str | Path) -> str:
     return "files:" + content_hash(path, files)
 
 
+def _merge_lora(model: torch.nn.Module, adapter_dir: Path) -> None:
+    """W += (B @ A) * alpha / r for every LoRA pair of the adapter, in place (peft's merge, without
+    importing peft: that import costs seconds in every stage process)."""
+    from safetensors.torch import load_file
+
+    cfg = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
+    weights = load_file(adapter_dir / "adapter_model.safetensors")
+    scaling = cfg["lora_alpha"] / (math.sqrt(cfg["r"]) if cfg.get("use_rslora") else cfg["r"])
+    modules = dict(model.named_modules())
+    with torch.no_grad():
+        for key, a in weights.items():
+            if not key.endswith(".lora_A.weight"):
+                continue
+            prefix = key[: -len(".lora_A.weight")]
+            name = prefix.removeprefix("base_model.model.")
+            module, b = modules.get(name), weights.get(prefix + ".lora_B.weight")
+            if not isinstance(module, torch.nn.Linear) or b is None:
+                raise ArtifactError(f"{adapter_dir}: adapter weight {key} matches no linear layer of the model")
+            delta = (b.to(module.weight.device, torch.float32) @ a.to(module.weight.device, torch.float32)) * scaling
+            module.weight += delta.to(module.weight.dtype)
+
+
+def _plain_lora(cfg: dict) -> bool:
+    """An adapter this module merges itself: LoRA on linear layers, nothing else trained."""
+    return (cfg.get("peft_type") == "LORA" and not cfg.get("use_dora") and not cfg.get("modules_to_save")
+            and not cfg.get("fan_in_fan_out") and not cfg.get("rank_pattern") and not cfg.get("alpha_pattern"))
+
+
 def apply_adapters(model: torch.nn.Module, adapter_dirs: list[Path]) -> torch.nn.Module:
     """The model with each LoRA adapter loaded and merged in order (itN = base + it1 + ... + itN)."""
-    from peft import PeftModel
-
     for d in adapter_dirs:
         if not (d / "adapter_config.json").is_file():
             raise ArtifactError(f"{d}: no adapter_config.json, not a LoRA adapter")
         try:
+            cfg = json.loads((d / "adapter_config.json").read_text(encoding="utf-8"))
+            if _plain_lora(cfg):
+                _merge_lora(model, d)
+                continue
+            from peft import PeftModel  # anything else: peft itself
+
             model = PeftModel.from_pretrained(model, d, is_trainable=False).merge_and_unload()
         except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as err:
             raise ArtifactError(f"{d}: cannot apply the adapter ({str(err).strip().splitlines()[0]})") from None
@@ -239,7 +246,10 @@ def save_adapter_chain(peft_model, start: str | Path, base: str | Path, name: st
         config = tmp / ADAPTERS / name / "adapter_config.json"
         fields = json.loads(config.read_text(encoding="utf-8"))
         fields["base_model_name_or_path"] = None  # a machine's path; chain.json identifies the base
+        if isinstance(fields.get("target_modules"), list):  # peft stores a set: hash-seed order
+            fields["target_modules"] = sorted(fields["target_modules"])
         config.write_text(json.dumps(fields, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        (tmp / ADAPTERS / name / "README.md").unlink(missing_ok=True)  # peft's empty model card
         chain = {"base": model_identity(base), "adapters": [*previous, name]}
         (tmp / CHAIN_FILE).write_text(json.dumps(chain, indent=2) + "\n", encoding="utf-8")
         (tmp / "provenance.json").write_text(json.dumps(prov, indent=2, sort_keys=True) + "\n")

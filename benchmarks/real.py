@@ -1,0 +1,187 @@
+"""Where the time and memory of a real-model iteration go: SmolLM2-135M-Instruct on this machine.
+
+    make bench-real      # = python -m benchmarks.real --model models/smollm2-135m-instruct \
+                         #       --out reports/benchmark_smollm2.json
+
+1. The model's plain forward pass over 16 x 128 tokens: the token rate no stage can beat.
+2. Sampling through the chat format: 64 prompts in one batched call vs 8 prompts one at a time
+   (generated tokens/s), and log-prob scoring of those samples (tokens/s).
+3. The train stage itself, as a subprocess on 64 of those samples (RAFT, LoRA): batch 64 with
+   micro-batches of 8 and, for comparison, of 64; its peak RSS, training tokens/s and the bytes its
+   iteration writes (the adapter) against the base model's size.
+4. With --loop-timings (the SELF_IMPROVE_TIMINGS file of a real-model loop) and --loop-seconds
+   (its wall time): the share of the loop spent outside the stages' own work (DVC, process starts,
+   MLflow). `make loop-smollm2` with SELF_IMPROVE_TIMINGS set writes such a file.
+
+The last line printed sums up the targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGETS = {"batched_sampling_vs_forward": 0.5, "train_peak_rss_gb": 4.0, "iteration_bytes_share": 0.05,
+           "orchestration_share": 0.05}
+
+
+def timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def micro(model_dir: Path) -> tuple[dict, list[str], list[str]]:
+    import torch
+
+    from stages.lib.generation import SamplingSpec, chat_format, generate, score
+    from stages.lib.models import load_model, set_threads
+
+    set_threads()
+    model, tok = load_model(model_dir)  # the GPU when there is one, in model.dtype auto (bf16 there)
+    chat = chat_format(model, tok)
+    out: dict = {"threads": torch.get_num_threads(), "device": str(next(model.parameters()).device),
+                 "dtype": str(next(model.parameters()).dtype)}
+    ids = torch.randint(0, model.config.vocab_size, (16, 128), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(next(model.parameters()).device)
+    with torch.no_grad():
+        model(input_ids=ids[:2, :32])  # warm-up
+        _, secs = timed(lambda: (model(input_ids=ids), _sync()))
+    out["forward_tokens_per_s"] = round(ids.numel() / secs, 1)
+    prompts = [f"What is {a} + {b}?" for a, b in zip(range(11, 75), range(30, 94))]
+    spec = SamplingSpec(n=1, temperature=0.7, max_new_tokens=32, batch_size=64)
+    generate(model, tok, prompts[:4], spec, seed=0, progress=False, chat=chat)  # warm-up
+    res, secs = timed(lambda: generate(model, tok, prompts, spec, seed=1, progress=False, chat=chat))
+    out["sampling_batched_tokens_per_s"] = round(res.new_tokens / secs, 1)
+    out["sampling_batched_truncated_share"] = round(res.truncated_share(), 3)
+    one = SamplingSpec(n=1, temperature=0.7, max_new_tokens=32, batch_size=1)
+    singles, secs = timed(lambda: [generate(model, tok, [p], one, seed=i, progress=False, chat=chat)
+                                   for i, p in enumerate(prompts[:8])])
+    out["sampling_single_tokens_per_s"] = round(sum(g.new_tokens for g in singles) / secs, 1)
+    out["batched_vs_single"] = round(out["sampling_batched_tokens_per_s"] / out["sampling_single_tokens_per_s"], 1)
+    out["batched_sampling_vs_forward"] = round(out["sampling_batched_tokens_per_s"] / out["forward_tokens_per_s"], 3)
+    responses = [r[0] for r in res]
+    sc, secs = timed(lambda: score(model, tok, prompts, responses, batch_size=64, progress=False, chat=chat))
+    out["scoring_tokens_per_s"] = round(sc.processed_tokens / secs, 1)
+    return out, prompts, responses
+
+
+def train_stage(model_dir: Path, prompts: list[str], responses: list[str], micro_batch: int, tmp: Path) -> dict:
+    """The train stage as a user runs it, in its own process: peak RSS, tokens/s, bytes written."""
+    import pandas as pd
+    import yaml
+
+    from stages.lib import artifacts as art
+    from stages.lib.base import resolve_base
+    from stages.lib.config import ModelConfig
+    from stages.lib.models import write_base_record
+
+    work = tmp / f"train-micro{micro_batch}"
+    work.mkdir()
+    write_base_record(resolve_base(ModelConfig(base=str(model_dir))), work / "it0", {"bench": True})
+    n = len(prompts)
+    sft = pd.DataFrame({"iteration": "it1", "prompt_id": [f"p{i}" for i in range(n)], "prompt": prompts,
+                        "response": responses, "reward": 1.0, "correct": None})
+    art.write_table(sft, work / "sft.parquet", art.SFT)
+    art.write_table(art.empty_table(art.PAIRS), work / "pairs.parquet", art.PAIRS)
+    art.write_table(art.empty_table(art.GROUPS), work / "groups.parquet", art.GROUPS)
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["model"].update(base=str(model_dir), max_length=256)
+    params["train"].update(algorithm="raft", epochs=2, batch_size=64, micro_batch_size=micro_batch,
+                           checkpoint_every=0)
+    (work / "params.yaml").write_text(yaml.safe_dump(params))
+    timings = work / "timings.jsonl"
+    code = ("import resource, runpy, sys\n"
+            "sys.argv = ['stages.train'] + sys.argv[1:]\n"
+            "try:\n    runpy.run_module('stages.train', run_name='__main__')\n"
+            "finally:\n    print('PEAK_RSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
+            "    import torch\n"
+            "    if torch.cuda.is_available():\n"
+            "        print('PEAK_GPU_BYTES', torch.cuda.max_memory_allocated(), file=sys.stderr)\n")
+    cmd = [sys.executable, "-c", code, "--iteration", "it1", "--model", str(work / "it0"), "--base", str(work / "it0"),
+           "--pairs", str(work / "pairs.parquet"), "--sft", str(work / "sft.parquet"),
+           "--groups", str(work / "groups.parquet"), "--out", str(work / "it1"),
+           "--metrics", str(work / "metrics.json"), "--params", str(work / "params.yaml")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "SELF_IMPROVE_TIMINGS": str(timings), "SELF_IMPROVE_TRACKING": "0"})
+    if proc.returncode != 0:
+        sys.exit(f"bench: the train stage failed:\n{proc.stderr[-3000:]}")
+    rss_kb = int(next(line.split()[1] for line in proc.stderr.splitlines() if line.startswith("PEAK_RSS_KB")))
+    gpu = [int(line.split()[1]) for line in proc.stderr.splitlines() if line.startswith("PEAK_GPU_BYTES")]
+    metrics = json.loads((work / "metrics.json").read_text())
+    from stages.lib.generation import chat_format
+    from stages.lib.models import load_model
+
+    model, tok = load_model(work / "it0", device="cpu")
+    chat = chat_format(model, tok)
+    tokens = sum(len(chat.prompt_ids(p)) + len(chat.response_ids(r)) for p, r in zip(prompts, responses))
+    stage_seconds = json.loads(timings.read_text().splitlines()[-1])["seconds"]
+    written = sum(f.stat().st_size for f in (work / "it1").rglob("*") if f.is_file())
+    base_bytes = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
+    return {"micro_batch_size": micro_batch, "batch_size": 64, "rows": n, "epochs": 2,
+            "train_steps": metrics["train_steps"], "peak_rss_gb": round(rss_kb / 2**20, 2),
+            **({"peak_gpu_gb": round(gpu[0] / 2**30, 2)} if gpu else {}),
+            "stage_seconds": round(stage_seconds, 1),
+            "train_tokens_per_s": round(2 * tokens / stage_seconds, 1),  # includes loading: a lower bound
+            "iteration_bytes": written, "base_bytes": base_bytes, "iteration_bytes_share": round(written / base_bytes, 4)}
+
+
+def orchestration(timings: Path, wall: float) -> dict:
+    rows = [json.loads(line) for line in timings.read_text().splitlines() if line.strip()]
+    work = sum(r["seconds"] for r in rows)  # the stages' own work, after their imports
+    mlflow_s = sum(r.get("tracking_seconds", 0.0) for r in rows)
+    stages: dict[str, float] = {}
+    for r in rows:
+        key = f"{r['stage']}@{r['iteration']}" if r["iteration"] else r["stage"]
+        stages[key] = round(r["seconds"], 1)
+    return {"loop_seconds": round(wall, 1), "stage_work_seconds": round(work, 1),
+            "orchestration_share": round((wall - work + mlflow_s) / wall, 4), "stages": stages}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.real", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="models/smollm2-135m-instruct", help="a local HF model directory")
+    p.add_argument("--out", default="reports/benchmark_smollm2.json")
+    p.add_argument("--loop-timings", help="SELF_IMPROVE_TIMINGS file of a real-model loop")
+    p.add_argument("--loop-seconds", type=float, help="that loop's wall time")
+    args = p.parse_args(argv)
+    model_dir = Path(args.model)
+    result: dict = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "model": str(model_dir)}}
+    sampling, prompts, responses = micro(model_dir)
+    result["inference"] = sampling
+    print(json.dumps(sampling), flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        result["train"] = [train_stage(model_dir, prompts, responses, m, Path(tmp)) for m in (8, 64)]
+    print(json.dumps(result["train"]), flush=True)
+    if args.loop_timings and args.loop_seconds:
+        result["loop"] = orchestration(Path(args.loop_timings), args.loop_seconds)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    t8 = result["train"][0]
+    checks = {
+        "batched_sampling_vs_forward": sampling["batched_sampling_vs_forward"] >= TARGETS["batched_sampling_vs_forward"],
+        "train_peak_rss_gb": t8["peak_rss_gb"] <= TARGETS["train_peak_rss_gb"],
+        "iteration_bytes_share": t8["iteration_bytes_share"] <= TARGETS["iteration_bytes_share"],
+    }
+    if "loop" in result:
+        checks["orchestration_share"] = result["loop"]["orchestration_share"] <= TARGETS["orchestration_share"]
+    print("targets: " + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in checks.items()))
+
+
+if __name__ == "__main__":
+    main()
