@@ -19,13 +19,13 @@ import pandas as pd
 from .lib import artifacts as art
 from .lib.cli import derive_seed, run_stage
 from .lib.backends import HFSampler, Sampler, open_sampler
-from .lib.config import EvaluateConfig, JudgeConfig, JudgeMethod, Params, TaskName
+from .lib.config import EvaluateConfig, JudgeConfig, JudgeMethod, JudgeMode, Params
 from .lib.generation import SamplingSpec, generate
 from .lib.judges import REGISTRY, JudgeContext, ModelHandle, judge_quality, template_path
 from .lib.models import load_model, set_threads
 from .lib.quality import win_rate
 from .lib.rubric import load_template
-from .lib.tasks import extract_answer, verify
+from .lib.tasks import Task, task_for
 
 
 def plurality(preds: list[str | None]) -> str | None:
@@ -37,32 +37,38 @@ def plurality(preds: list[str | None]) -> str | None:
     return next(p for p in preds if p is not None and counts[p] == best)
 
 
-def accuracy(preds: list[str | None], answers: list[str]) -> float:
-    return float(sum(verify(p, a) for p, a in zip(preds, answers, strict=True)) / max(1, len(answers)))
+def accuracy(preds: list[str | None], answers: list[str], task: Task) -> float:
+    return float(sum(task.verify(p, a) for p, a in zip(preds, answers, strict=True)) / max(1, len(answers)))
 
 
 def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cfg: EvaluateConfig,
-                  seed: int, progress: bool = True) -> dict[str, float]:
+                  seed: int, task: Task, progress: bool = True) -> dict[str, float]:
     """Accuracy protocols over the rows that have an answer (a user's prompt file may have none),
-    and the share of greedy answers cut by `evaluate.max_new_tokens` (`eval_truncated_share`)."""
+    the share of greedy answers cut by `evaluate.max_new_tokens` (`eval_truncated_share`) and the
+    share from which no answer could be read (`eval_extract_failure_rate`)."""
     greedy = SamplingSpec(n=1, greedy=True, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size)
     sampled = SamplingSpec(n=cfg.k, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                            batch_size=cfg.batch_size)
     heldout, ttt = heldout[heldout["answer"].notna()], ttt[ttt["answer"].notna()]
     out: dict[str, float] = {}
     cut: list[bool] = []
+    failed: list[bool] = []
     for name, df in (("accuracy", heldout), ("ttt_accuracy", ttt)):
         if df.empty:
             continue
         res = sampler.generate(list(df["prompt"]), greedy, seed, desc=name, progress=progress)
-        out[name] = accuracy([extract_answer(r[0]) for r in res], list(df["answer"]))
+        preds = [task.extract(r[0]).answer for r in res]
+        out[name] = accuracy(preds, list(df["answer"]), task)
         cut += [t[0] for t in res.truncated]
+        failed += [p is None for p in preds]
     if cut:
         out["eval_truncated_share"] = sum(cut) / len(cut)
+        out["eval_extract_failure_rate"] = sum(failed) / len(failed)
     if heldout.empty:
         return out
     res = sampler.generate(list(heldout["prompt"]), sampled, seed, desc="maj@k", progress=progress)
-    out["maj_accuracy"] = accuracy([plurality([extract_answer(x) for x in r]) for r in res], list(heldout["answer"]))
+    votes = [plurality([task.extract(x).answer for x in r]) for r in res]
+    out["maj_accuracy"] = accuracy(votes, list(heldout["answer"]), task)
     return out
 
 
@@ -80,7 +86,8 @@ def head_to_head(new: ModelHandle, old: ModelHandle, heldout: pd.DataFrame, judg
     frame = pd.DataFrame({"prompt_id": [f"{i}-{k}" for k in ("new", "old") for i in range(len(prompts))],
                           "prompt": prompts * 2, "response": answers["new"] + answers["old"]})
     ctx = JudgeContext(policy=new, template=template, seed=seed, batch_size=batch_size, max_length=max_length)
-    every_prompt = judge_cfg.model_copy(update={"max_prompts": None})
+    mode = JudgeMode.score_logprob if judge_cfg.mode == JudgeMode.yes_logprob else judge_cfg.mode  # the rubric
+    every_prompt = judge_cfg.model_copy(update={"max_prompts": None, "mode": mode})
     verdicts = REGISTRY[JudgeMethod.llm_judge].fn(frame, every_prompt, ctx)
     n = len(prompts)
     result = win_rate(verdicts.reward[:n], verdicts.reward[n:])
@@ -88,9 +95,10 @@ def head_to_head(new: ModelHandle, old: ModelHandle, heldout: pd.DataFrame, judg
 
 
 def iteration_metrics(judgments: pd.DataFrame, pairs: pd.DataFrame, sft: pd.DataFrame, train: dict,
-                      verdict: bool = True) -> dict:
-    q = judge_quality(judgments, verdict)
+                      verdict: bool = True, task: Task | None = None) -> dict:
+    q = judge_quality(judgments, verdict, *([task.verify] if task is not None else []))
     correct = judgments["correct"].dropna().astype(float)
+    variants = judgments.groupby("group_id")["variant"].nunique() if len(judgments) else pd.Series(dtype=float)
     return {
         **{k: v for k, v in q.items() if v is not None},
         "sample_accuracy": float(correct.mean()) if len(correct) else None,
@@ -100,6 +108,8 @@ def iteration_metrics(judgments: pd.DataFrame, pairs: pd.DataFrame, sft: pd.Data
         "num_sft": int(len(sft)),
         "response_length": float(judgments["response"].str.len().mean()) if len(judgments) else None,
         "truncated_share": float(judgments["truncated"].astype(float).mean()) if len(judgments) else None,
+        "extract_failure_rate": float(judgments["pred"].isna().mean()) if len(judgments) else None,
+        "rewrites_per_problem": float((variants - 1).mean()) if len(variants) else None,
         **{k: v for k, v in train.items() if isinstance(v, (int, float))},
     }
 
@@ -126,13 +136,14 @@ def main(argv: list[str] | None = None) -> None:
         heldout = art.read_table(args.heldout, art.PROMPTS)
         ttt = art.read_table(args.ttt, art.PROMPTS)
         metrics = {"iteration": args.iteration, "step": step}
-        metrics.update(model_metrics(sampler, heldout, ttt, params.evaluate, derive_seed(params.seed, "evaluate")))
-        if args.prev_model and params.task.name == TaskName.prompts:
+        task = task_for(params.task)
+        metrics.update(model_metrics(sampler, heldout, ttt, params.evaluate, derive_seed(params.seed, "evaluate"), task))
+        if args.prev_model and task.open_ended:  # open prompts: the new model against the old
             load = dict(security=params.security, base=args.base, model_cfg=params.model)
             new = ModelHandle(sampler.model, sampler.tokenizer) if isinstance(sampler, HFSampler) else \
                 ModelHandle(*load_model(args.model, **load))
             old = ModelHandle(*load_model(args.prev_model, **load))
-            metrics.update(head_to_head(new, old, heldout, params.judge, load_template(template_path(params)),
+            metrics.update(head_to_head(new, old, heldout, params.judge, load_template(template_path(params, "template")),
                                         params.evaluate.max_new_tokens, params.evaluate.batch_size,
                                         derive_seed(params.seed, "win-rate", args.iteration),
                                         params.model.max_length))
@@ -144,6 +155,7 @@ def main(argv: list[str] | None = None) -> None:
                 art.read_table(args.sft, art.SFT),
                 train,
                 REGISTRY[params.judge.method].verdict,
+                task,
             ))
         else:
             metrics.update({k: v for k, v in train.items() if isinstance(v, (int, float))})

@@ -13,10 +13,11 @@ import logging
 
 from .lib import artifacts as art
 from .lib.cli import derive_seed, run_stage, stage_provenance
-from .lib.config import Algorithm, Params
+from .lib.config import Algorithm, JudgeMode, Params
 from .lib.errors import ConfigError
 from .lib.judges import REGISTRY, JudgeContext, ModelHandle, judge_quality, judge_samples, template_path
 from .lib.rubric import load_template
+from .lib.tasks import task_for
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +43,12 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 template = load_template(template_path(params))
             except (OSError, ValueError) as err:
-                raise ConfigError(f"judge.template: {err}") from None
+                key = "correct_template" if cfg.mode == JudgeMode.yes_logprob else "template"
+                raise ConfigError(f"judge.{key}: {err}") from None
         samples = art.read_table(args.samples, art.SAMPLES)
         ctx = JudgeContext(template=template, seed=derive_seed(params.seed, "judge", args.iteration),
                            batch_size=params.sample.batch_size, max_tokens=params.sample.score_tokens,
-                           max_length=params.model.max_length)
+                           max_length=params.model.max_length, verify=task_for(params.task).verify)
         if judge.needs_policy or judge.needs_reference or consistency:
             from .lib.models import load_model, set_threads  # torch: only for judges that run a model
 
@@ -58,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
             ctx.reference = ModelHandle(*load_model(args.ref_model, security=params.security, base=args.base,
                                                     model_cfg=params.model))
         df = judge_samples(samples, cfg, ctx, with_consistency=consistency)
-        log.info("%s: %s", cfg.method.value, judge_quality(df, judge.verdict))
+        log.info("%s: %s", cfg.method.value, judge_quality(df, judge.verdict, ctx.verify))
         prov = stage_provenance("judge", args.iteration, params, ("seed", "model", "judge"), [args.out])
         prov["consistency"] = consistency
         art.write_table(df, args.out, art.JUDGMENTS, prov)

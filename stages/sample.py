@@ -2,7 +2,8 @@
 
 Batched generation through the model's chat format (token-length-sorted, left-padded, KV cache;
 or vLLM), temperature and top-p from params, seeded per iteration. Each sample records whether it
-was cut by `max_new_tokens` (`truncated`).
+was cut by `max_new_tokens` (`truncated`), and its final answer as the task reads it (`pred`) with the
+convention it was written in (`pred_form`).
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from .lib.backends import Sampler, open_sampler
 from .lib.config import Params, SampleConfig
 from .lib.generation import SamplingSpec
 from .lib.models import set_threads
-from .lib.tasks import extract_answer
+from .lib.tasks import Task, task_for
 
 
-def sample(sampler: Sampler, prompts: pd.DataFrame, cfg: SampleConfig, seed: int, progress: bool = True) -> pd.DataFrame:
+def sample(sampler: Sampler, prompts: pd.DataFrame, cfg: SampleConfig, seed: int, task: Task,
+           progress: bool = True) -> pd.DataFrame:
     spec = SamplingSpec(
         n=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p,
         max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
@@ -30,7 +32,9 @@ def sample(sampler: Sampler, prompts: pd.DataFrame, cfg: SampleConfig, seed: int
     flat = [r for rs in responses for r in rs]
     rows["sample_id"] = [f"{pid}/s{j}" for pid in prompts["prompt_id"] for j in range(cfg.k)]
     rows["response"] = flat
-    rows["pred"] = [extract_answer(r) for r in flat]
+    answers = [task.extract(r) for r in flat]
+    rows["pred"] = [a.answer for a in answers]
+    rows["pred_form"] = [a.form for a in answers]
     rows["truncated"] = [t for ts in responses.truncated for t in ts]
     return rows
 
@@ -49,7 +53,8 @@ def main(argv: list[str] | None = None) -> None:
         set_threads()
         prompts = art.read_table(args.prompts, art.PROMPTS)
         sampler = open_sampler(args.model, params.sample, params.security, args.base, params.model)
-        df = sample(sampler, prompts, params.sample, derive_seed(params.seed, "sample", args.iteration))
+        df = sample(sampler, prompts, params.sample, derive_seed(params.seed, "sample", args.iteration),
+                    task_for(params.task))
         prov = stage_provenance("sample", args.iteration, params, ("seed", "model", "sample", "security"), [args.out])
         prov["backend"] = sampler.backend
         art.write_table(df, args.out, art.SAMPLES, prov)

@@ -122,38 +122,40 @@ def _user_prompts() -> pd.DataFrame:
 
 
 def test_eva_on_a_prompt_file_adds_filtered_model_rewrites_of_the_informative_prompts():
-    from stages.evolve import evolve_prompts
-    from stages.lib.config import EvolveConfig
+    from stages.lib.config import EvolveConfig, TaskConfig
     from stages.lib.curriculum import initial_state
+    from stages.lib.tasks import ProposeInput, task_for
 
     ttt = _user_prompts()
     judged = ttt.loc[ttt.index.repeat(2)].reset_index(drop=True)
     judged["reward"] = [0.0, 1.0, 0.2, 0.8, 0.5, 0.5, 0.4, 0.4]  # spread: prompts 0 and 1 only
-    asked: list[list[str]] = []
+    asked: list[tuple[str, list[str]]] = []
 
-    def rewrite(prompts):
-        asked.append(prompts)
-        return ["Describe how snow forms, briefly.\nand more text", "List three fruits."][: len(prompts)]
+    def write(template, prompts, n):
+        asked.append((template, prompts))
+        return [[t] for t in ["Describe how snow forms, briefly.\nand more text", "List three fruits."][: len(prompts)]]
 
-    out, dropped = evolve_prompts(EvolveConfig(strategy="eva", keep_top=2), "it2", 0, ttt, ttt.iloc[:0],
-                                  judged, initial_state(["explain", "list", "synonym"]), rewrite)
-    assert sorted(asked[0]) == ["Explain rain in one sentence.", "List three fruits."]
+    inp = ProposeInput(EvolveConfig(strategy="eva", keep_top=2), "it2", 0, ttt, ttt.iloc[:0], judged,
+                       initial_state(["explain", "list", "synonym"]), rewrites=False, writer=write)
+    out = task_for(TaskConfig(name="instructions")).propose(inp)
+    assert asked == [("rewrite_prompt.txt", ["Explain rain in one sentence.", "List three fruits."])]
     evolved = out[out["source"] == "evolved"]
     assert list(evolved["prompt"]) == ["Describe how snow forms, briefly."]  # first line only
     assert list(evolved["category"]) == ["explain"]
-    assert dropped == {"near_duplicate": 1}  # "List three fruits." is already a prompt
+    assert inp.stats["rewrites_dropped"] == {"near_duplicate": 1}  # "List three fruits." is already a prompt
     assert set(out["prompt"]) >= set(ttt["prompt"])
 
 
 def test_sec_on_a_prompt_file_draws_prompts_by_category():
-    from stages.evolve import evolve_prompts
-    from stages.lib.config import EvolveConfig
+    from stages.lib.config import EvolveConfig, TaskConfig
     from stages.lib.curriculum import BanditState
+    from stages.lib.tasks import ProposeInput, task_for
 
     ttt = _user_prompts()
     state = BanditState(q={"explain": 5.0, "list": 0.0, "synonym": 0.0}, temperature=0.1)
-    out, _ = evolve_prompts(EvolveConfig(strategy="sec", fresh=2), "it2", 0, ttt, ttt.iloc[:0],
-                            ttt.iloc[:0].assign(reward=None), state)
+    inp = ProposeInput(EvolveConfig(strategy="sec", fresh=2), "it2", 0, ttt, ttt.iloc[:0],
+                       ttt.iloc[:0].assign(reward=None), state)
+    out = task_for(TaskConfig(name="instructions")).propose(inp)
     assert list(out["category"]) == ["explain", "explain"]
 
 

@@ -11,7 +11,7 @@ from stages.lib import artifacts as art
 from stages.lib.config import JudgeConfig, PairsConfig, TaskConfig
 from stages.lib.judges import judge_quality, judge_samples, vote_label
 from stages.lib.losses import dpo_loss, sft_loss
-from stages.lib.tasks import ArithmeticTask, Problem, extract_answer, verify
+from stages.lib.tasks.arithmetic import ArithmeticTask, Problem, extract_answer, verify
 from stages.pairs import build
 
 

@@ -43,6 +43,7 @@ SAMPLES = pa.schema(
         ("sample_id", pa.string()),
         ("response", pa.string()),
         ("pred", pa.string()),  # normalised final answer, null when none could be extracted
+        ("pred_form", pa.string()),  # how it was read (gsm8k, answer_is, boxed, last_number, ...)
         ("truncated", pa.bool_()),  # cut by max_new_tokens before a stop token
     ]
 )

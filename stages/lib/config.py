@@ -23,8 +23,14 @@ class _Section(BaseModel):
 
 
 class TaskName(str, enum.Enum):
-    arithmetic = "arithmetic"  # procedural two-digit addition, verifiable
-    prompts = "prompts"  # the user's own prompt file (`prompt_file`); answers optional
+    arithmetic = "arithmetic"  # procedural two-digit addition, verifiable (the tiny model's task)
+    word_math = "word_math"  # procedural grade-school word problems, 1-3 steps (real models)
+    math_file = "math_file"  # the user's GSM8K- or MATH-style file (`prompt_file`, `columns`)
+    instructions = "instructions"  # the user's open prompts (`prompt_file`); answers optional
+    prompts = "prompts"  # the earlier name of `instructions`
+
+
+WORD_OPS = ("add", "sub", "mul", "div")
 
 
 class OnError(str, enum.Enum):
@@ -33,13 +39,31 @@ class OnError(str, enum.Enum):
 
 
 class TaskConfig(_Section):
-    """The task: procedural arithmetic, or the user's prompt file; and the evaluation sets."""
+    """The task (stages/lib/tasks/): procedural, or the user's file; and the evaluation sets."""
 
     name: TaskName = TaskName.arithmetic
     prompt_file: str = Field(
         "data/instructions.jsonl", min_length=1,
-        description="prompts: JSONL or parquet with `prompt`, optional `answer` and `category`",
+        description="instructions / math_file: JSONL or parquet with `prompt`, optional `answer` and `category`",
     )
+    columns: Optional[dict[str, str]] = Field(
+        None, description="instructions / math_file: the file's column for `prompt`, `answer`, `category`, "
+        "e.g. {prompt: question, answer: answer}; other columns are then ignored",
+    )
+    heldout_file: Optional[str] = Field(
+        None, min_length=1, description="instructions / math_file: a separate held-out file (same columns); "
+        "None: hold out `heldout_fraction` of prompt_file",
+    )
+    instruction: Optional[str] = Field(
+        None, min_length=1, description="word_math / math_file: a line added after every question, "
+        "e.g. how to state the answer",
+    )
+    levels: list[str] = Field(
+        ["add", "sub", "add+add", "add+sub"], min_length=1,
+        description="word_math: the chains of operations (add, sub, mul, div joined by +, 1-3 steps) "
+        "that problems are drawn from; each is a category",
+    )
+    max_number: int = Field(20, ge=2, description="word_math: largest number a problem starts with or adds")
     on_error: OnError = Field(
         OnError.fail, description="prompts: a bad row raises, or is skipped and counted"
     )
@@ -57,6 +81,36 @@ class TaskConfig(_Section):
         if self.max_operand <= self.min_operand:
             raise ValueError("max_operand must be greater than min_operand")
         return self
+
+    @field_validator("levels")
+    @classmethod
+    def _levels(cls, v: list[str]) -> list[str]:
+        for level in v:
+            ops = level.split("+")
+            if not 1 <= len(ops) <= 3 or any(op not in WORD_OPS for op in ops):
+                raise ValueError(f"{level!r} is not a chain of 1 to 3 of {', '.join(WORD_OPS)} joined by +")
+        if len(set(v)) != len(v):
+            raise ValueError("a level is listed twice")
+        return v
+
+    @field_validator("columns")
+    @classmethod
+    def _columns(cls, v: Optional[dict[str, str]]) -> Optional[dict[str, str]]:
+        if v is None:
+            return v
+        for key, col in v.items():
+            if key not in ("prompt", "answer", "category"):
+                raise ValueError(f"{key!r} is not one of prompt, answer, category")
+            if not isinstance(col, str) or not col:
+                raise ValueError(f"{key}: the file's column name must be a non-empty string")
+        if "prompt" not in v:
+            raise ValueError("the mapping needs `prompt` (the file's question column)")
+        return v
+
+    @property
+    def kind(self) -> TaskName:
+        """The task's name, with the earlier name `prompts` read as `instructions`."""
+        return TaskName.instructions if self.name == TaskName.prompts else self.name
 
 
 class DType(str, enum.Enum):
@@ -177,8 +231,22 @@ class JudgeMethod(str, enum.Enum):
     verifier = "verifier"  # ground truth: oracle baseline
 
 
+class JudgeMode(str, enum.Enum):
+    generate = "generate"  # the judge writes a justification and "Score: N", which is parsed
+    score_logprob = "score_logprob"  # G-Eval: expected score over the tokens 1..5 after "Score: "
+    yes_logprob = "yes_logprob"  # P(Yes) for "is the proposed answer correct?" (`correct_template`)
+
+
 class JudgeConfig(_Section):
     method: JudgeMethod = JudgeMethod.co_reward
+    mode: JudgeMode = Field(
+        JudgeMode.generate, description="llm_judge: generate and parse a score, or read it from the "
+        "next-token distribution (one forward pass per judgment, never fails to parse)",
+    )
+    correct_template: str = Field(
+        "stages/templates/judge_correct.txt", min_length=1,
+        description="llm_judge mode yes_logprob: the question asked about each response",
+    )
     min_share: float = Field(
         0.2, ge=0, le=1, description="a vote label needs at least this share of the votes, else null"
     )
@@ -189,7 +257,7 @@ class JudgeConfig(_Section):
     temperature: float = Field(0.7, gt=0, description="llm_judge: sampling temperature of the judge")
     max_new_tokens: int = Field(48, ge=1, description="llm_judge: length of the judge's answer")
     max_prompts: Optional[int] = Field(
-        32, ge=1, description="llm_judge: prompts judged per iteration (seeded choice; None: all)"
+        32, ge=1, description="llm_judge mode generate: prompts judged per iteration (seeded choice; None: all)"
     )
 
 
@@ -312,10 +380,8 @@ class Params(_Section):
             if link.ref != want:
                 raise ValueError(f"loop.{name}.ref: expected {want} (the model before {link.prev}), got {link.ref}")
             seen.add(name)
-        if self.task.name == TaskName.prompts and self.judge.method == JudgeMethod.co_reward:
-            raise ValueError("judge.method co_reward needs equivalent rewrites with the same answer, which "
-                             "only the arithmetic task makes; with task.name prompts use llm_judge, "
-                             "self_certainty or implicit_reward")
+        if self.task.kind == TaskName.math_file and self.task.columns and "answer" not in self.task.columns:
+            raise ValueError("task.columns: math_file needs `answer` (the file's gold answer column)")
         if self.train.algorithm == Algorithm.spin and self.evolve.seed_prompts == 0:
             raise ValueError("train.algorithm spin needs evolve.seed_prompts > 0: SPIN pairs the seed "
                              "data's reference answers with the model's own samples")

@@ -320,3 +320,64 @@ def score(
         bar.update(len(idx))
     bar.close()
     return Scores(logp, count, certainty, processed)
+
+
+def label_token_ids(tokenizer: PreTrainedTokenizerBase, labels: list[str]) -> list[list[int]]:
+    """Per label, the first token of its spellings with and without a leading space (distinct)."""
+    out = []
+    for label in labels:
+        ids = []
+        for text in (label, " " + label):
+            toks = tokenizer(text, add_special_tokens=False)["input_ids"]
+            if toks and toks[0] not in ids:
+                ids.append(int(toks[0]))
+        out.append(ids)
+    return out
+
+
+@torch.no_grad()
+def next_token_probs(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    turns: list[Turn],
+    labels: list[str],
+    prefill: str = "",
+    batch_size: int = 64,
+    max_tokens: int = 8192,
+    desc: str = "judge",
+    progress: bool = True,
+    chat: ChatFormat | None = None,
+) -> list[list[float]]:
+    """P(label) for each prompt as the model's next token after its chat prompt and `prefill`
+    (the start of its answer), one forward pass per prompt, only the last position's logits
+    computed. A label's probability sums its spellings' first tokens (`label_token_ids`)."""
+    if not turns:
+        return []
+    chat = chat or chat_format(model, tokenizer)
+    device = next(model.parameters()).device
+    extra = list(tokenizer(prefill, add_special_tokens=False)["input_ids"]) if prefill else []
+    rows = [chat.prompt_ids(t) + extra for t in turns]
+    ids_of = label_token_ids(tokenizer, labels)
+    pad = pad_id(tokenizer)
+    out: list[list[float]] = [[] for _ in rows]
+    bar = tqdm(total=len(rows), desc=desc, unit="seq", disable=not progress, mininterval=1.0)
+    for idx in token_batches([len(r) for r in rows], batch_size, min(max_tokens, token_cap(model))):
+        width = max(len(rows[i]) for i in idx)
+        input_ids = torch.full((len(idx), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(idx), width), dtype=torch.long)
+        for j, i in enumerate(idx):  # left-padded: every row's last token is at the last column
+            input_ids[j, width - len(rows[i]):] = torch.tensor(rows[i])
+            mask[j, width - len(rows[i]):] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        kwargs = {"input_ids": input_ids.to(device), "attention_mask": mask.to(device),
+                  "position_ids": positions.to(device)}
+        try:
+            logits = model(**kwargs, logits_to_keep=1).logits[:, -1]
+        except TypeError:
+            logits = model(**kwargs).logits[:, -1]
+        probs = torch.softmax(logits.float(), dim=-1).cpu()
+        for j, i in enumerate(idx):
+            out[i] = [float(probs[j, ids].sum()) for ids in ids_of]
+        bar.update(len(idx))
+    bar.close()
+    return out

@@ -13,6 +13,9 @@ model, the rubric template) and how its rewards read (a verdict in [0, 1], or a 
 - ``llm_judge`` (Self-Rewarding LMs): the model itself scores each response with the additive
   5-point rubric in ``judge.template``, ``judge.judgments`` times, averaged; only the judge's own
   generated text is parsed (stages/lib/rubric.py); a parse failure is None. Reward = points / 5.
+  With ``judge.mode`` score_logprob (G-Eval) the score is the expected value over the tokens 1..5
+  after "Score: ", and with yes_logprob P(Yes) for "is this answer correct?"
+  (``judge.correct_template``): one forward pass per judgment, nothing to parse.
 - ``self_certainty``: mean over response tokens of KL(Uniform || p) under the policy.
 - ``implicit_reward`` (CREAM / DPO): sum log pi_current(y|x) - sum log pi_reference(y|x), the
   reference being the model before the current one (the base for it1).
@@ -33,10 +36,12 @@ from typing import Callable, Optional
 
 import pandas as pd
 
-from .config import JudgeConfig, JudgeMethod
+from .config import JudgeConfig, JudgeMethod, JudgeMode
 from .quality import consistency_from_tau, kendall_tau, roc_auc
 from .rubric import mean_score, parse_score, render
-from .tasks import verify
+from .tasks.arithmetic import verify as exact_verify
+
+Verify = Callable[[Optional[str], Optional[str]], Optional[float]]  # (answer, gold) -> 1.0 / 0.0 / None
 
 MAX_POINTS = 5
 
@@ -71,6 +76,7 @@ class JudgeContext:
     max_tokens: int = 8192  # padded tokens per scoring forward pass
     max_length: int | None = None  # model.max_length
     progress: bool = True
+    verify: Verify = exact_verify  # the task's check of an answer against the gold
     _scores: dict = field(default_factory=dict)
 
     def scores(self, which: str, samples: pd.DataFrame):
@@ -88,9 +94,12 @@ class JudgeContext:
         return self._scores[which]
 
 
-def template_path(params) -> Path:
-    """judge.template, relative to the working directory or else to the repo."""
-    path = Path(params.judge.template)
+def template_path(params, key: str | None = None) -> Path:
+    """The judge's prompt file (judge.template, or judge.correct_template for mode yes_logprob),
+    relative to the working directory or else to the repo."""
+    if key is None:
+        key = "correct_template" if params.judge.mode == JudgeMode.yes_logprob else "template"
+    path = Path(getattr(params.judge, key))
     if not path.is_absolute() and not path.exists():
         path = Path(__file__).resolve().parents[2] / path
     return path
@@ -126,7 +135,7 @@ def _vote_by(key: str) -> Callable[[pd.DataFrame, JudgeConfig, JudgeContext], Ve
 
 
 def _verifier(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext) -> Verdicts:
-    reward = [verify(p if isinstance(p, str) else None, a if isinstance(a, str) else None)
+    reward = [ctx.verify(p if isinstance(p, str) else None, a if isinstance(a, str) else None)
               for p, a in zip(samples["pred"], samples["answer"])]
     label = [a if isinstance(a, str) else None for a in samples["answer"]]
     return Verdicts(reward, label)
@@ -149,9 +158,51 @@ def judged_prompts(prompt_ids: list[str], max_prompts: int | None, seed: int) ->
     return set(random.Random(seed).sample(unique, max_prompts))
 
 
+SCORE_PREFILL = "Score: "  # score_logprob: the judge's answer starts here; the next token is the score
+YES_NO = ["Yes", "No"]
+
+
+def _logprob_judge(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext) -> Verdicts:
+    """The score read from the judge's next-token distribution: one forward pass per judgment.
+
+    score_logprob (G-Eval): after the rubric and "Score: ", the expected value of the score over
+    the tokens 1..5 (renormalised over them), / 5. yes_logprob: P(Yes) / (P(Yes) + P(No)) for
+    "is the proposed answer correct?". Every distinct (prompt, response) is judged, once.
+    """
+    from .generation import chat_format, next_token_probs
+
+    tok = ctx.policy.tokenizer
+    chat = chat_format(ctx.policy.model, tok)
+    context = ctx.policy.context(ctx.max_length)
+    texts: dict[tuple[str, str], Optional[str]] = {}
+    for prompt, response in zip(samples["prompt"], samples["response"]):
+        if (prompt, response) not in texts:
+            text = render(ctx.template, prompt, response)
+            texts[(prompt, response)] = text if len(chat.prompt_ids(text)) + 4 <= context else None
+    todo = [key for key, text in texts.items() if text is not None]
+    scored = cfg.mode == JudgeMode.score_logprob
+    labels = [str(k) for k in range(1, MAX_POINTS + 1)] if scored else YES_NO
+    probs = next_token_probs(ctx.policy.model, tok, [texts[k] for k in todo], labels,
+                             prefill=SCORE_PREFILL if scored else "", batch_size=ctx.batch_size,
+                             max_tokens=ctx.max_tokens, desc=f"llm_judge ({cfg.mode.value})",
+                             progress=ctx.progress, chat=chat)
+    verdict: dict[tuple[str, str], Optional[float]] = {key: None for key in texts}
+    for key, p in zip(todo, probs):
+        mass = sum(p)
+        if mass <= 0:
+            continue
+        if scored:
+            verdict[key] = sum((k + 1) * pk for k, pk in enumerate(p)) / mass / MAX_POINTS
+        else:
+            verdict[key] = p[0] / mass
+    return Verdicts([verdict[(p, r)] for p, r in zip(samples["prompt"], samples["response"])])
+
+
 def _llm_judge(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext) -> Verdicts:
     if ctx.policy is None or ctx.template is None:
         raise ValueError("llm_judge needs the policy model and the rubric template")
+    if cfg.mode != JudgeMode.generate:
+        return _logprob_judge(samples, cfg, ctx)
     from .generation import SamplingSpec, chat_format, generate
     tok = ctx.policy.tokenizer
     chat = chat_format(ctx.policy.model, tok)
@@ -239,7 +290,7 @@ def judge_samples(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext | N
     cons = consistency(visible, v.reward, ctx) if with_consistency else [None] * n
     out["consistency"] = pd.array(cons, dtype="Float64")
     out["correct"] = pd.array(
-        [verify(p if isinstance(p, str) else None, a if isinstance(a, str) else None)
+        [ctx.verify(p if isinstance(p, str) else None, a if isinstance(a, str) else None)
          for p, a in zip(samples["pred"], samples["answer"])],
         dtype="Float64",
     )
@@ -260,7 +311,8 @@ def _pairwise_accuracy(scored: pd.DataFrame) -> float | None:
     return hits / total if total else None
 
 
-def judge_quality(judgments: pd.DataFrame, verdict: bool = True) -> dict[str, float | None]:
+def judge_quality(judgments: pd.DataFrame, verdict: bool = True,
+                  verify: Verify = exact_verify) -> dict[str, float | None]:
     """How far the self-judge can be trusted, where ground truth exists.
 
     judge_accuracy: for verdict judges, agreement of the binary verdict (reward >= 0.5) with the
@@ -299,8 +351,8 @@ def judge_quality(judgments: pd.DataFrame, verdict: bool = True) -> dict[str, fl
         labelled = per_prompt[per_prompt["label"].notna() & per_prompt["answer"].notna()]
         out["label_coverage"] = float(per_prompt["label"].notna().mean())
         if len(labelled):
-            out["label_accuracy"] = float(
-                (labelled["label"].astype(str) == labelled["answer"].astype(str)).mean()
-            )
+            out["label_accuracy"] = float(sum(
+                verify(str(lab), str(gold)) or 0.0 for lab, gold in zip(labelled["label"], labelled["answer"])
+            ) / len(labelled))
     return out
 

@@ -112,8 +112,9 @@ def _check_category(value: Any) -> str | None:
     raise _RowError("wrong_type", f"category must be a string, got {_type_name(value)}", "category")
 
 
-def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, Any] | _RowError]]:
-    """(line number, the row's object or what is wrong with the line); blank lines are skipped."""
+def _jsonl_rows(path: Path, mapped: bool = False) -> Iterator[tuple[int, dict[str, Any] | _RowError]]:
+    """(line number, the row's object or what is wrong with the line); blank lines are skipped.
+    With a column mapping (`mapped`), columns it does not name are allowed (and ignored)."""
     for number, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
         if not raw.strip():
             continue
@@ -131,33 +132,37 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, Any] | _RowError]]:
             yield number, _RowError("not_object", f"not a JSON object (got {_type_name(obj)})")
             continue
         for key in obj:
-            if key not in COLUMNS:
+            if key not in COLUMNS and not mapped:
                 allowed = ", ".join(COLUMNS)
                 raise ConfigError(f"{_where(path, number, key)}: unknown column (allowed: {allowed})")
         yield number, obj
 
 
-def _read_jsonl(path: Path) -> list[tuple[int, dict[str, Any] | _RowError]]:
-    rows = list(_jsonl_rows(path))
+def _read_jsonl(path: Path, names: dict[str, str]) -> list[tuple[int, dict[str, Any] | _RowError]]:
+    rows = list(_jsonl_rows(path, mapped=names["prompt"] != "prompt" or len(names) != len(COLUMNS)))
     if not rows:
         raise ConfigError(f"{path}: empty file, no rows")
     objects = [r for _, r in rows if isinstance(r, dict)]
-    if objects and not any("prompt" in r for r in objects):
-        raise ConfigError(f"{path}: no row has the required column 'prompt'")
+    if objects and not any(names["prompt"] in r for r in objects):
+        raise ConfigError(f"{path}: no row has the required column '{names['prompt']}'")
     return rows
 
 
-def _read_parquet(path: Path) -> list[tuple[int, dict[str, Any] | _RowError]]:
+def _read_parquet(path: Path, names: dict[str, str]) -> list[tuple[int, dict[str, Any] | _RowError]]:
     try:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError, ValueError) as e:
         raise ConfigError(f"{path}: cannot read parquet: {_one_line(str(e))}") from None
+    mapped = names["prompt"] != "prompt" or len(names) != len(COLUMNS)
+    wanted = names
     names = table.column_names
-    if "prompt" not in names:
-        raise ConfigError(f"{path}: missing required column 'prompt' (columns: {', '.join(names) or 'none'})")
+    if wanted["prompt"] not in names:
+        raise ConfigError(f"{path}: missing required column '{wanted['prompt']}' "
+                          f"(columns: {', '.join(names) or 'none'})")
     for name in names:
-        if name not in COLUMNS:
+        if name not in COLUMNS and not mapped:
             raise ConfigError(f"{_where(path, column=name)}: unknown column (allowed: {', '.join(COLUMNS)})")
+    names = [n for n in names if n in wanted.values()]
     if table.num_rows == 0:
         raise ConfigError(f"{path}: empty file, no rows")
     try:
@@ -183,9 +188,14 @@ def _read_parquet(path: Path) -> list[tuple[int, dict[str, Any] | _RowError]]:
 
 
 def load_prompt_file(
-    path: PathLike, max_chars: int = 2000, on_error: str = "raise"
+    path: PathLike, max_chars: int = 2000, on_error: str = "raise", columns: dict[str, str] | None = None,
+    require_answer: bool = False,
 ) -> tuple[pd.DataFrame, dict[str, int]]:
     """Read and check a prompt file; returns (prompt, answer, category) in file order and skip counts.
+
+    `columns` maps prompt/answer/category to the file's own column names (e.g. GSM8K's `question`);
+    messages then name the file's columns, and columns it does not name are ignored. With
+    `require_answer` a row without an answer is a bad row (reason "missing").
 
     `on_error="raise"`: the first bad row raises ConfigError. `on_error="skip"`: bad rows are dropped
     and counted by reason (missing, wrong_type, empty, too_long, control_char, duplicate, invalid_json,
@@ -203,7 +213,9 @@ def load_prompt_file(
                           f"expected one of {', '.join(JSONL_SUFFIXES + PARQUET_SUFFIXES)}")
     if not p.is_file():
         raise ConfigError(f"{path}: no such file")
-    rows = _read_jsonl(p) if suffix in JSONL_SUFFIXES else _read_parquet(p)
+    names = dict(columns) if columns else {c: c for c in COLUMNS}
+    col = {c: names.get(c) for c in COLUMNS}  # ours -> the file's (None: not read)
+    rows = _read_jsonl(p, names) if suffix in JSONL_SUFFIXES else _read_parquet(p, names)
 
     out: dict[str, list[str | None]] = {c: [] for c in COLUMNS}
     seen: dict[str, int] = {}
@@ -212,16 +224,21 @@ def load_prompt_file(
         try:
             if isinstance(row, _RowError):
                 raise row
-            if "prompt" not in row:
+            if col["prompt"] not in row:
                 raise _RowError("missing", "prompt is missing", "prompt")
-            prompt = _check_prompt(row["prompt"], max_chars)
-            answer = _check_answer(row.get("answer"))
-            category = _check_category(row.get("category"))
+            prompt = _check_prompt(row[col["prompt"]], max_chars)
+            answer = _check_answer(row.get(col["answer"])) if col["answer"] else None
+            if require_answer and (answer is None or not answer.strip()):
+                raise _RowError("missing", "no answer (a gold answer is needed: #### N, \\boxed{...} or a value)",
+                                "answer")
+            category = _check_category(row.get(col["category"])) if col["category"] else None
             if prompt in seen:
                 raise _RowError("duplicate", f"duplicate of row {seen[prompt]}", "prompt")
         except _RowError as e:
             if on_error == "raise":
-                raise ConfigError(f"{_where(path, number, e.column)}: {e.message}") from None
+                column = col.get(e.column, e.column) if e.column else None
+                message = e.message.replace(f"{e.column} ", f"{column} ", 1) if column != e.column else e.message
+                raise ConfigError(f"{_where(path, number, column)}: {message}") from None
             skipped[e.reason] += 1
             continue
         seen[prompt] = number

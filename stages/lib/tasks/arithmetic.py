@@ -1,8 +1,8 @@
-"""Verifiable procedural tasks: problems, prompts, answers, rewrites, mutations.
+"""`arithmetic`: two-digit addition for the embedded character-level model.
 
-The default task is two-digit addition, posed as ``"23+45="`` with the answer ``"68"``. A
-problem has equivalent rewrites with the same answer (``45+23``, ``(23+d)+(45-d)``); the
-co_reward judge uses their agreement. Ground truth is used only by the verifier and to measure.
+Posed as ``"23+45="`` with the answer ``"68"``, read as the response's leading integer. A problem
+has equivalent rewrites with the same answer (``45+23``, ``(23+d)+(45-d)``); the co_reward judge
+uses their agreement. Ground truth is used only by the verifier and to measure.
 """
 
 from __future__ import annotations
@@ -11,7 +11,11 @@ import random
 import re
 from dataclasses import dataclass
 
-from .config import TaskConfig
+import pandas as pd
+
+from ..config import TaskConfig
+from .answers import Extracted
+from .base import ProceduralTask, TaskSets, frame, prompt_rows
 
 _ANSWER = re.compile(r"^\s*(-?\d+)")
 _PROMPT = re.compile(r"^(\d+)\+(\d+)=$")
@@ -59,15 +63,62 @@ class Problem:
     def unordered(self) -> tuple[int, int]:
         return (min(self.a, self.b), max(self.a, self.b))
 
+    key = unordered  # a+b and b+a are the same problem
 
-class ArithmeticTask:
+
+def problems_frame(problems: list[Problem], source: str) -> pd.DataFrame:
+    rows = []
+    for i, p in enumerate(problems):
+        rows += prompt_rows("it0", f"{source}-{i:05d}", source, p.category, [(p.prompt, p.answer)])
+    out = frame(rows)
+    out["prompt_id"] = out["group_id"]  # the base sets were written with bare ids
+    return out
+
+
+def seed_frame(problems: list[Problem]) -> pd.DataFrame:
+    return pd.DataFrame({"iteration": "it0", "prompt_id": [f"seed-{i:05d}" for i in range(len(problems))],
+                         "prompt": [p.prompt for p in problems], "response": [p.answer for p in problems],
+                         "reward": None, "correct": 1.0})
+
+
+class ArithmeticTask(ProceduralTask):
     """Two-operand addition over [min_operand, max_operand]."""
 
-    categories = ("no_carry", "units_carry", "tens_carry", "both_carry")
+    name = "arithmetic"
+    CATEGORIES = ("no_carry", "units_carry", "tens_carry", "both_carry")
 
     def __init__(self, cfg: TaskConfig):
         self.lo, self.hi = cfg.min_operand, cfg.max_operand
         self.cfg = cfg
+
+    def sets(self, seed: int, train_size: int) -> TaskSets:
+        heldout, ttt, train = self.split(seed, train_size)
+        return TaskSets(problems_frame(heldout, "heldout"), problems_frame(ttt, "ttt"), seed_frame(train))
+
+    def categories(self, sets: TaskSets) -> list[str]:
+        return list(self.CATEGORIES)
+
+    def warmup(self, seed: int, train_size: int, sets: TaskSets) -> pd.DataFrame:
+        """The embedded model's warm-up data: the seed problems."""
+        return sets.seed
+
+    def extract(self, response: str | None) -> Extracted:
+        answer = extract_answer(response)
+        return Extracted(answer, None if answer is None else "leading_integer")
+
+    def verify(self, answer: str | None, gold: str | None) -> float | None:
+        return verify(answer, gold)
+
+    def fresh(self, rng: random.Random, n, forbidden: set, taken: set) -> list[Problem]:
+        """`n` new problems at random, or {category: count} of them (sec)."""
+        pool = [p for p in self.all_problems() if p.unordered not in forbidden and p not in taken]
+        if isinstance(n, int):
+            return rng.sample(pool, min(n, len(pool)))
+        out: list[Problem] = []
+        for cat in sorted(n):
+            in_cat = [p for p in pool if p.category == cat]
+            out += rng.sample(in_cat, min(n[cat], len(in_cat)))
+        return out
 
     def in_range(self, x: int) -> bool:
         return self.lo <= x <= self.hi
@@ -144,5 +195,6 @@ class ArithmeticTask:
         return None
 
 
-def make_task(cfg: TaskConfig) -> ArithmeticTask:
-    return ArithmeticTask(cfg)
+def arithmetic_warmup(seed: int, train_size: int) -> pd.DataFrame:
+    """The embedded character-level model's warm-up under any other task: default arithmetic."""
+    return ArithmeticTask(TaskConfig()).sets(seed, train_size).seed

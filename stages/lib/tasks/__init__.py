@@ -1,0 +1,29 @@
+"""Tasks: one module each, one interface (base.Task) that every stage uses.
+
+- `arithmetic`: two-digit addition for the embedded character-level model (the default);
+- `word_math`: procedural grade-school word problems, the real-model default;
+- `math_file`: the user's GSM8K- or MATH-style file;
+- `instructions` (earlier `prompts`): the user's open prompts, answers optional.
+"""
+
+from __future__ import annotations
+
+from ..config import TaskConfig, TaskName
+from .answers import Extracted, equivalent, extract, gold_answer, normalise
+from .arithmetic import ArithmeticTask, Problem
+from .base import ProposeInput, Task, TaskSets
+from .files import FileTask
+from .word_math import WordMathTask
+
+__all__ = ["ArithmeticTask", "Extracted", "FileTask", "Problem", "ProposeInput", "Task", "TaskSets",
+           "WordMathTask", "equivalent", "extract", "gold_answer", "normalise", "task_for"]
+
+
+def task_for(cfg: TaskConfig) -> Task:
+    """The task that `task.name` names, configured by the rest of the `task` section."""
+    kind = cfg.kind
+    if kind == TaskName.arithmetic:
+        return ArithmeticTask(cfg)
+    if kind == TaskName.word_math:
+        return WordMathTask(cfg)
+    return FileTask(cfg)
