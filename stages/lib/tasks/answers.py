@@ -175,7 +175,7 @@ def _math_verify(answer: str, gold: str) -> bool:
 
 def equivalent(answer: str | None, gold: str | None) -> bool:
     """Does `answer` state the same value as `gold`? Numbers exactly, the rest by math-verify."""
-    if answer is None or gold is None:
+    if not isinstance(answer, str) or not isinstance(gold, str):  # None (or a missing value) is never right
         return False
     if answer == gold:
         return True

@@ -31,8 +31,8 @@ from ..config import EvolveStrategy, TaskConfig, TaskName
 from ..curriculum import NO_CATEGORY, allocate
 from ..errors import ConfigError
 from ..prompt_files import filter_rewrites, load_prompt_file
-from .answers import equivalent, extract, gold_answer
-from .arithmetic import arithmetic_warmup
+from .answers import gold_answer
+from .free_text import FreeTextAnswers
 from .base import ProposeInput, TaskSets, by_category, frame, most_informative, prompt_rows
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def first_line(text: str) -> str:
     return ""
 
 
-class FileTask:
+class FileTask(FreeTextAnswers):
     """A task over the user's file; `math_file` needs a gold answer in every row."""
 
     def __init__(self, cfg: TaskConfig):
@@ -68,14 +68,6 @@ class FileTask:
         self.instruction = cfg.instruction
         default = {"prompt": "prompt", "answer": "answer", "category": "category"}
         self.columns = cfg.columns or default
-
-    def show(self, question: str) -> str:
-        return f"{question}\n{self.instruction}" if self.instruction else question
-
-    def question(self, prompt: str) -> str:
-        if self.instruction and prompt.endswith("\n" + self.instruction):
-            return prompt[: -len(self.instruction) - 1]
-        return prompt
 
     def _load(self, path: str) -> pd.DataFrame:
         rows, skipped = load_prompt_file(path, self.cfg.max_prompt_chars, self.cfg.on_error.value,
@@ -121,14 +113,6 @@ class FileTask:
     def categories(self, sets: TaskSets) -> list[str]:
         return by_category(sets.ttt)
 
-    def warmup(self, seed: int, train_size: int, sets: TaskSets) -> pd.DataFrame:
-        return arithmetic_warmup(seed, train_size)  # the embedded model is a character-level adder
-
-    def extract(self, response: str | None):
-        return extract(response)
-
-    def verify(self, answer: str | None, gold: str | None) -> float | None:
-        return None if gold is None else float(equivalent(answer, gold))
 
     def paraphrases(self, questions: list[str], n: int, writer, existing: list[str]) -> tuple[list[list[str]], dict]:
         """Up to `n` model-written paraphrases per question, filtered; and counts of what was dropped."""

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from .answers import equivalent, extract
-from .arithmetic import arithmetic_warmup
+from ..errors import ConfigError
+
+from .free_text import FreeTextAnswers
 from .base import ProceduralTask, TaskSets, frame, prompt_rows
 
 NAMES = ("Sam", "Mia", "Leo", "Ava", "Noah", "Zoe", "Omar", "Lina", "Tom", "Ella", "Ravi", "Nora")
@@ -230,7 +231,7 @@ def valid(p: WordProblem, max_number: int) -> bool:
     return True
 
 
-class WordMathTask(ProceduralTask):
+class WordMathTask(FreeTextAnswers, ProceduralTask):
     """The task over `task.levels` chains with numbers up to `task.max_number`."""
 
     name = "word_math"
@@ -240,15 +241,6 @@ class WordMathTask(ProceduralTask):
         self.levels = [tuple(level.split("+")) for level in cfg.levels]
         self.gen = Generator(cfg.max_number)
         self.instruction = cfg.instruction
-
-    # how a question is shown: the question, then the task's instruction line if it has one
-    def show(self, question: str) -> str:
-        return f"{question}\n{self.instruction}" if self.instruction else question
-
-    def question(self, prompt: str) -> str:
-        if self.instruction and prompt.endswith("\n" + self.instruction):
-            return prompt[: -len(self.instruction) - 1]
-        return prompt
 
     def parse(self, prompt: str) -> "_Shown":
         return _Shown(parse(self.question(prompt)), self)
@@ -295,13 +287,15 @@ class WordMathTask(ProceduralTask):
         rng = random.Random(seed)
         keys: set = set()
 
-        def draw_many(n: int, what: str) -> list[WordProblem]:
+        def draw_many(n: int, what: str | None) -> list[WordProblem]:
             out = []
             for i in range(n):
                 p = self.draw(rng, self.levels[i % len(self.levels)], set(), keys)
                 if p is None:
-                    raise ValueError(f"task: word_math with levels {self.cfg.levels} and max_number "
-                                     f"{self.cfg.max_number} has too few distinct problems for {what}")
+                    if what is None:  # the seed data takes what is left
+                        continue
+                    raise ConfigError(f"task.{what}: word_math with levels {self.cfg.levels} and max_number "
+                                      f"{self.cfg.max_number} has too few distinct problems for {n}")
                 keys.add(p.key)
                 out.append(p)
             rng.shuffle(out)
@@ -309,7 +303,7 @@ class WordMathTask(ProceduralTask):
 
         heldout = draw_many(self.cfg.heldout_size, "heldout_size")
         ttt = draw_many(self.cfg.ttt_size, "ttt_size")
-        train = draw_many(train_size, "prepare.train_size")
+        train = draw_many(train_size, None)
 
         def prompts(problems: list[WordProblem], source: str) -> pd.DataFrame:
             rows = []
@@ -325,14 +319,6 @@ class WordMathTask(ProceduralTask):
     def categories(self, sets) -> list[str]:
         return sorted("+".join(c) for c in self.levels)
 
-    def warmup(self, seed: int, train_size: int, sets: TaskSets) -> pd.DataFrame:
-        return arithmetic_warmup(seed, train_size)  # the embedded model is a character-level adder
-
-    def extract(self, response: str | None):
-        return extract(response)
-
-    def verify(self, answer: str | None, gold: str | None) -> float | None:
-        return None if gold is None else float(equivalent(answer, gold))
 
 
 @dataclass(frozen=True)
