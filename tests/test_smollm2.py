@@ -29,7 +29,8 @@ pytestmark = [
 def test_one_iteration_on_smollm2(tmp_path, monkeypatch):
     raw = deep_merge(TINY, {
         "model": {"base": str(SMOL), "max_length": 256},
-        "task": {"heldout_size": 8, "ttt_size": 8},
+        "task": {"name": "word_math", "heldout_size": 8, "ttt_size": 8,
+                 "instruction": "Answer with the final number only."},
         "evolve": {"fresh": 0, "keep_top": 0, "rewrites": 1},
         "sample": {"k": 2, "max_new_tokens": 24, "temperature": 0.7},
         "judge": {"method": "self_certainty"},
@@ -67,7 +68,9 @@ def test_one_iteration_on_smollm2(tmp_path, monkeypatch):
                    "--out", "it1/metrics.json", *p])
     samples = art.read_table(tmp_path / "it1/samples.parquet", art.SAMPLES)
     assert samples["response"].str.len().mean() > 10  # a real model answers in words
+    assert samples["pred"].notna().mean() > 0.5  # and its answers are read (GSM8K, "the answer is", last number)
     m = art.read_json(tmp_path / "it1/metrics.json")
+    assert {"accuracy", "ttt_accuracy", "eval_extract_failure_rate"} <= set(m)
     assert m["num_pairs"] > 0 and m["train_steps"] >= 1 and 0 <= m["truncated_share"] <= 1
     chain = json.loads((tmp_path / "it1/model/chain.json").read_text())
     assert chain["adapters"] == ["it1"]
@@ -75,6 +78,6 @@ def test_one_iteration_on_smollm2(tmp_path, monkeypatch):
     assert adapter < 0.05 * (SMOL / "model.safetensors").stat().st_size
     base, tok = load_model(tmp_path / "it0/model", device="cpu")
     new, _ = load_model(tmp_path / "it1/model", device="cpu", base=tmp_path / "it0/model")
-    ids = torch.tensor([chat_format(base, tok).prompt_ids("23+45=")])
+    ids = torch.tensor([chat_format(base, tok).prompt_ids("Sam has 5 apples and buys 14 more.")])
     with torch.no_grad():
         assert not torch.allclose(base(input_ids=ids).logits, new(input_ids=ids).logits)
