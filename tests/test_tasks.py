@@ -308,3 +308,22 @@ def test_score_logprob_is_the_expected_rubric_score(bpe_model_dir):
                              prefill="Score: ", progress=False)[0]
         assert got == pytest.approx(sum((k + 1) * pk for k, pk in enumerate(p)) / sum(p) / 5)
         assert 0.2 <= got <= 1.0
+
+
+@pytest.mark.parametrize("section,value,message", [
+    ("task", {"levels": ["add", "pow"]}, "task.levels: 'pow' is not a chain of 1 to 3 of add, sub, mul, div"),
+    ("task", {"levels": ["add+add+add+add"]}, "task.levels: 'add+add+add+add' is not a chain"),
+    ("task", {"columns": {"question": "q"}}, "task.columns: 'question' is not one of prompt, answer, category"),
+    ("task", {"columns": {"answer": "a"}}, "task.columns: the mapping needs `prompt`"),
+    ("task", {"name": "math_file", "columns": {"prompt": "q"}}, "task.columns: math_file needs `answer`"),
+    ("judge", {"mode": "vibes"}, "judge.mode: Input should be 'generate', 'score_logprob' or 'yes_logprob'"),
+])
+def test_bad_task_and_judge_values_are_refused_naming_the_key(section, value, message):
+    from stages.lib.config import load_params, parse_params
+    from stages.lib.errors import ConfigError
+
+    raw = load_params(ROOT / "params.yaml").model_dump(mode="json")
+    raw[section] = {**raw[section], **value}
+    with pytest.raises(ConfigError) as err:
+        parse_params(raw)
+    assert message in str(err.value)
