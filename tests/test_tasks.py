@@ -257,8 +257,6 @@ def test_math_file_loop_with_model_paraphrases_and_a_yes_logprob_judge(tmp_path_
 
 
 def test_co_reward_on_a_math_file_asks_the_model_for_paraphrases(tmp_path_factory, bpe_model_dir):
-    from stages.evolve import main as evolve_main  # noqa: F401  (the stage ran in the loop)
-
     work = _loop(tmp_path_factory, bpe_model_dir, "gsm8k-co", {
         "task": GSM8K, "evolve": {"strategy": "fixed", "rewrites": 2}, "judge": {"method": "co_reward"}})
     prov = art.read_provenance(work / "data/it1/prompts.parquet")

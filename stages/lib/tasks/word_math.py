@@ -245,9 +245,6 @@ class WordMathTask(FreeTextAnswers, ProceduralTask):
     def parse(self, prompt: str) -> "_Shown":
         return _Shown(parse(self.question(prompt)), self)
 
-    def _wrap(self, p: WordProblem | None) -> "_Shown | None":
-        return None if p is None else _Shown(p, self)
-
     def draw(self, rng: random.Random, chain: tuple[str, ...], forbidden: set, taken_keys: set,
              tries: int = 200) -> WordProblem | None:
         for _ in range(tries):
