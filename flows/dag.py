@@ -19,8 +19,8 @@ def _loop(repo: Path) -> dict:
 
 
 def stage_order(repo: Path) -> list[str]:
-    """DVC stage names in dependency order, e.g. prepare, evaluate_base, evolve@it1, ..., report."""
-    return ["prepare", "evaluate_base"] + [f"{s}@{it}" for it in _loop(repo) for s in STEPS] + ["report"]
+    """DVC stage names in dependency order, e.g. check_params, prepare, evaluate_base, evolve@it1, ..., report."""
+    return ["check_params", "prepare", "evaluate_base"] + [f"{s}@{it}" for it in _loop(repo) for s in STEPS] + ["report"]
 
 
 def stage_commands(repo: Path) -> list[tuple[str, list[str]]]:

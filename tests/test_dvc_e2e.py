@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,10 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from scripts.mlflow_compare import browse, chromium, free_port, screenshot, wait_http
 
-from .conftest import ROOT, deep_merge, git_copy, tiny_full
+from .conftest import GIT_ENV, ROOT, deep_merge, git_copy, tiny_full
+from .test_reliability import BAD_PARAMS
 
 pytestmark = pytest.mark.e2e
 
@@ -69,6 +73,9 @@ def test_noop_and_single_stage_rerun(repo):
     summary = (work / "reports" / "summary.md").read_text()
     assert "## Best and worst judged samples" in summary and "### it3" in summary
     before = (work / "data/it2/judgments.parquet").read_bytes()
+    # a commit that changes only the README changes no artifact: none embeds the commit
+    (work / "README.md").write_text((work / "README.md").read_text() + "\nAn edit.\n")
+    sh(["git", "commit", "-qam", "README only"], work, {**env, **GIT_ENV})
     out = sh(["dvc", "repro", "-s", "-f", "judge@it2"], work, env)
     assert "Running stage 'judge@it2'" in out and out.count("Running stage") == 1
     assert (work / "data/it2/judgments.parquet").read_bytes() == before
@@ -78,6 +85,100 @@ def test_noop_and_single_stage_rerun(repo):
 def _outputs(root: Path) -> dict[str, bytes]:
     files = [p for d in ("data", "reports") for p in (root / d).rglob("*") if p.is_file()]
     return {str(p.relative_to(root)): p.read_bytes() for p in files if p.name != "README.md"}
+
+
+def _touches_loop(mutate) -> bool:
+    raw = tiny_full()
+    mutate(raw)
+    return raw.get("loop") != tiny_full()["loop"]
+
+
+# DVC resolves `loop` itself (foreach) before any stage runs; every other malformed params file
+# is the check_params stage's to refuse, before any stage has deleted an output
+DVC_BAD_PARAMS = [(m, needle) for m, needle in BAD_PARAMS if not _touches_loop(m)]
+
+
+def test_bad_params_through_dvc_repro_lose_nothing(repo):
+    """Each malformed params file: `dvc repro` exits non-zero naming the key, every output of the
+    workspace keeps its bytes, and with the good file back `dvc status` is clean."""
+    work, env, _ = repo
+    params = work / "params.yaml"
+    good = params.read_bytes()
+    before = _outputs(work)
+    sections = {needle.split(".")[0] for _, needle in DVC_BAD_PARAMS}
+    assert {"task", "prepare", "evolve", "sample", "judge", "train"} <= sections
+    try:
+        for mutate, needle in DVC_BAD_PARAMS:
+            raw = yaml.safe_load(good)
+            mutate(raw)
+            params.write_text(yaml.safe_dump(raw))
+            proc = subprocess.run(["dvc", "repro"], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+            said = proc.stdout + proc.stderr
+            assert proc.returncode != 0, needle
+            # check_params refused it naming the key, or (a section that is not a mapping any more)
+            # DVC itself could not resolve dvc.yaml's ${...} from it, naming that key, and ran nothing
+            refused = "check_params: error: params.yaml: " in said and needle in said
+            unresolved = "failed to parse" in said and f"Could not find '{needle.split(':')[0].split('.')[0]}." in said
+            assert refused or unresolved, said[-2000:]
+            assert "Running stage 'prepare'" not in said
+            assert _outputs(work) == before, f"{needle}: the workspace changed"
+    finally:
+        params.write_bytes(good)
+    assert json.loads(sh(["dvc", "status", "--json"], work, env)) == {}
+
+
+_OPEN = re.compile(r'^\d+\s+open(?:at)?\((?:AT_FDCWD, )?"([^"]+)", ([A-Z_|]+)[^)]*\)\s+=\s+(\d+)')
+# what a stage may touch without declaring it: MLflow's store and the git commit it tags a run
+# with (tracking only observes: no output depends on them), Python's bytecode caches
+_UNDECLARED_OK = re.compile(r"^(mlflow\.db.*|mlruns/.*|mlartifacts/.*|\.git/.*|.*__pycache__.*|.*\.pyc)$")
+
+
+def _reads(trace: Path, work: Path) -> set[str]:
+    """Paths under `work` opened for reading (files, and directories listed), relative to it."""
+    found = set()
+    for line in trace.read_text(errors="replace").splitlines():
+        m = _OPEN.match(line)
+        if not m or "O_WRONLY" in m.group(2) or "O_RDWR" in m.group(2) or "O_CREAT" in m.group(2):
+            continue
+        path = Path(m.group(1))
+        path = (path if path.is_absolute() else work / path).resolve()
+        if path.is_relative_to(work.resolve()):
+            found.add(str(path.relative_to(work.resolve())))
+    return found
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace (.ci/run installs it)")
+def test_every_file_a_stage_reads_is_declared_in_dvc_yaml(repo, tmp_path):
+    """Run stages under strace: every file a stage opens is one of its deps or outs (or inside
+    one), or a folder above one (listing it); params.yaml is read for the keys dvc.yaml names."""
+    from dvc.repo import Repo
+
+    work, env, _ = repo
+    with Repo(str(work)) as dvc_repo:
+        stages = {st.name: (st.cmd, [d.def_path for d in st.deps], [o.def_path for o in st.outs])
+                  for st in dvc_repo.index.stages}
+    chosen = [s for s in stages if "@" not in s or s.endswith("@it2")]
+    assert {"check_params", "prepare", "judge@it2", "train@it2", "report"} <= set(chosen)
+    for name in chosen:
+        cmd, deps, outs = stages[name]
+        trace = tmp_path / f"{name}.trace"
+        proc = subprocess.run(["strace", "-f", "-qq", "-e", "trace=open,openat", "-o", str(trace), "bash", "-c", cmd],
+                              cwd=work, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, f"{name}: {proc.stderr[-2000:]}"
+        declared = [p.rstrip("/") for p in deps + outs]
+        undeclared = set()
+        for path in _reads(trace, work):
+            if (path in ("params.yaml", ".") or _UNDECLARED_OK.match(path)
+                    or any(path == d or path.startswith(d + "/") or d.startswith(path + "/") for d in declared)
+                    or (path.endswith("__init__.py") and not (work / path).read_text().strip())):
+                continue
+            if (work / path).is_dir() and any((work / o).parent == work / path for o in outs):
+                continue  # the folder an output is written into
+            if any(path.startswith(str(Path(o).parent / f".{Path(o).name}.")) for o in outs):
+                continue  # an output's temporary sibling (written, then renamed into place)
+            undeclared.add(path)
+        assert not undeclared, f"{name} reads {sorted(undeclared)} that dvc.yaml does not declare for it"
+    assert json.loads(sh(["dvc", "status", "--json"], work, env)) == {}
 
 
 def _read_model_dir(path: Path) -> None:
@@ -189,7 +290,9 @@ def test_mlflow_parent_and_child_runs(repo):
     assert {"judge_accuracy", "reward_mean", "num_pairs", "response_length"} <= set(it2.data.metrics)
     parent = parents[0]
     assert parent.data.params["judge.method"] == "co_reward" and parent.data.params["train.lora.r"] == "16"
-    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=work, capture_output=True, text=True).stdout.strip()
+    # the commit the loop ran on: the copy's first (a later test commits a README edit)
+    sha = subprocess.run(["git", "rev-list", "--max-parents=0", "HEAD"], cwd=work, capture_output=True,
+                         text=True).stdout.strip()
     assert parent.info.run_name == "loop" and parent.data.tags["git_commit"] == sha
     assert "dvc_experiment" in parent.data.tags
     for child in children:

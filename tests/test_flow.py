@@ -36,8 +36,8 @@ def test_flow_runs_every_stage_as_a_task(tmp_path, prefect_harness, monkeypatch)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
 
-    # Another DVC process holds the repo for the first seconds: the first stage fails on DVC's
-    # lock, is retried after its backoff, and the flow completes.
+    # Another DVC process holds the repo for the first seconds: the first stage (check_params)
+    # fails on DVC's lock, is retried after its backoff, and the flow completes.
     import zc.lockfile
 
     (tmp_path / ".dvc" / "tmp").mkdir(parents=True, exist_ok=True)
@@ -65,7 +65,7 @@ def test_flow_runs_every_stage_as_a_task(tmp_path, prefect_harness, monkeypatch)
     assert "it2-judge" in runs and "prepare" in runs
     assert len(runs) == len(stages) and set(runs.values()) == {"COMPLETED"}
     attempts = {r.name: r.run_count for r in task_list}
-    assert attempts["prepare"] == 2 and attempts["it1-sample"] == 1
+    assert attempts["check_params"] == 2 and attempts["prepare"] == 1 and attempts["it1-sample"] == 1
 
     async def artifacts():
         # by key, the newest version: what the UI's artifact pages show

@@ -8,17 +8,22 @@ import pytest
 import yaml
 
 from flows.dag import stage_commands as dag_commands
-from stages import evaluate, evolve, judge, pairs, prepare, report, sample, train
+from stages import check_params, evaluate, evolve, judge, pairs, prepare, report, sample, train
 from stages.lib import artifacts as art
 
 from .conftest import ROOT
 
-MODULES = {m.__name__.split(".")[-1]: m for m in (prepare, evolve, sample, judge, pairs, train, evaluate, report)}
+MODULES = {m.__name__.split(".")[-1]: m for m in (check_params, prepare, evolve, sample, judge, pairs, train, evaluate, report)}
 
 
 def stage_commands() -> list[list[str]]:
     """The stage commands of dvc.yaml, in DAG order, with `foreach` unrolled."""
     return [argv for _, argv in dag_commands(ROOT)]
+
+
+def stage_argv(name: str) -> list[str]:
+    """One stage's arguments as dvc.yaml gives them (after `python -m stages.<module>`)."""
+    return next(argv[3:] for stage, argv in dag_commands(ROOT) if stage == name)
 
 
 def run_all(workdir: Path, params: Path, monkeypatch) -> None:
@@ -32,8 +37,11 @@ def test_whole_loop_in_process(tmp_path, tiny_params_file, monkeypatch, capsys):
     run_all(tmp_path, tiny_params_file, monkeypatch)
     for it in ("it0", "it1", "it2", "it3"):
         m = art.read_json(tmp_path / "reports" / it / "metrics.json")
-        for key in ("accuracy", "ttt_accuracy", "maj_accuracy"):
-            assert 0.0 <= m[key] <= 1.0
+        # each accuracy is a count of right answers over the set's problems, with its binomial s.e.
+        for key, n in (("accuracy", "heldout_n"), ("ttt_accuracy", "ttt_n"), ("maj_accuracy", "heldout_n")):
+            right = m[key] * m[n]
+            assert abs(right - round(right)) < 1e-9 and m[n] == 30
+            assert m[f"{key}_se"] == pytest.approx((m[key] * (1 - m[key]) / m[n]) ** 0.5)
         if it != "it0":
             assert {"reward_mean", "judge_accuracy", "num_pairs", "train_loss"} <= set(m)
         # it0 holds the tiny model's weights; with LoRA each iteration holds adapters, not a copy
@@ -71,7 +79,7 @@ def test_bad_params_stop_a_stage_before_it_writes(tmp_path, tiny_raw, monkeypatc
     params.write_text(yaml.safe_dump(tiny_raw))
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exit_:
-        prepare.main(stage_commands()[0][3:] + ["--params", str(params)])
+        prepare.main(stage_argv("prepare") + ["--params", str(params)])
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err == f"prepare: error: {params}: judge.methd: unknown key"

@@ -24,7 +24,7 @@ from stages.lib.models import attach_lora, load_model
 from stages.lib.training import Schedule, train_sft
 
 from .conftest import ROOT, deep_merge
-from .test_pipeline import run_all, stage_commands
+from .test_pipeline import run_all, stage_argv
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +224,7 @@ def _refused(tmp_path, raw, capsys) -> str:
     params.write_text(yaml.safe_dump(raw))
     out = tmp_path / "out"
     out.mkdir()
-    argv = stage_commands()[0][3:]
+    argv = stage_argv("prepare")
     argv = [a if not a.startswith("data/") else str(out / a) for a in argv]
     with pytest.raises(SystemExit) as exit_:
         prepare.main(argv + ["--params", str(params)])

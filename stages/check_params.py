@@ -1,0 +1,38 @@
+"""Stage `check_params`: validate the whole params file before any other stage runs.
+
+DVC deletes a stage's outputs before it runs the stage. A stage that refused a bad params value
+itself would therefore already have lost its outputs (and a bad `task` value would take the base
+model and the task sets with it). Every stage depends on this stage's marker, so `dvc repro` runs
+it first whenever params.yaml changed: a bad file stops the whole run here, naming the key, with
+the workspace untouched. The marker's bytes never depend on the params, so a valid change
+invalidates only the stages whose own params changed. Its output persists: a failed check does
+not delete it either.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from .lib import artifacts as art
+from .lib.cli import run_stage
+from .lib.config import Params
+
+MARKER = "params.yaml passed stages/lib/config.py's checks; its bytes never depend on the params\n"
+
+
+def _args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="the marker every other stage depends on")
+
+
+def _body(args: argparse.Namespace, params: Params) -> None:
+    # run_stage has validated the whole file by now (load_params); only a valid one gets here
+    with art.atomic_path(args.out) as tmp:
+        tmp.write_text(MARKER, encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_stage("check_params", _args, _body, argv)
+
+
+if __name__ == "__main__":
+    main()
