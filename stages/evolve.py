@@ -31,7 +31,7 @@ import pandas as pd
 
 from .lib import artifacts as art
 from .lib.cli import derive_seed, run_stage, stage_provenance
-from .lib.config import EvolveConfig, Params
+from .lib.config import EvolveConfig, EvolveStrategy, Params
 from .lib.curriculum import BanditState, category_rewards, update
 from .lib.judges import REGISTRY
 from .lib.prompt_files import render_rewrite_prompt
@@ -99,7 +99,11 @@ def main(argv: list[str] | None = None) -> None:
         state = BanditState.from_json(text, args.prev_curriculum)
         state = next_curriculum(state, params.evolve, prev)
         n_seed = params.seed_prompts()
-        seed = derive_seed(params.seed, "evolve", args.iteration)
+        fixed = params.evolve.strategy == EvolveStrategy.fixed
+        # `fixed`: one seed for every iteration and the base model as the writer of any rewrite,
+        # so every iteration poses the same prompt set, byte for byte (its `iteration` column aside)
+        seed = derive_seed(params.seed, "evolve", "fixed" if fixed else args.iteration)
+        writer_model = args.base if fixed and args.base else args.model
         task = task_for(params.task)
         inp = ProposeInput(
             cfg=params.evolve, iteration=args.iteration, seed=seed,
@@ -107,11 +111,13 @@ def main(argv: list[str] | None = None) -> None:
             prev_judgments=prev, curriculum=state,
             seed_data=art.read_table(args.seed_data, art.SFT) if n_seed else None, seed_prompts=n_seed,
             rewrites=REGISTRY[params.judge.method].needs_rewrites,
-            writer=model_writer(args.model, params, seed, args.base),
+            writer=model_writer(writer_model, params, seed, args.base),
         )
         df = task.propose(inp)
         prov = stage_provenance("evolve", args.iteration, params, ("seed", "task", "evolve"), [args.out])
-        prov.update({"seed_prompts": n_seed, "judge.method": params.judge.method.value, **inp.stats})
+        # what the judge changes here is only whether rewrites are written: record that, not its
+        # name, so judges that need none share this output byte for byte (and DVC's cache with it)
+        prov.update({"seed_prompts": n_seed, "rewrites_for_judge": inp.rewrites, **inp.stats})
         art.write_table(df, args.out, art.PROMPTS, prov)
         with art.atomic_path(args.curriculum) as tmp:
             tmp.write_text(state.to_json(), encoding="utf-8")

@@ -175,3 +175,29 @@ def test_a_malformed_prompt_file_stops_prepare_naming_the_row(tmp_path, tiny_raw
     assert exit_.value.code == 2
     assert f"{bad}: row 2, column 'prompt': empty prompt" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.jsonl", "params.yaml"]
+
+
+def test_fixed_poses_the_same_prompt_set_every_iteration(tmp_path, tiny_raw, monkeypatch):
+    """`evolve.strategy: fixed` (with co_reward's rewrites and SPIN-style seed prompts): every
+    iteration's prompts.parquet holds the same rows, ids and rewrites included; only `iteration`
+    differs. `eva` on the same run draws new problems each iteration."""
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(deep_merge(tiny_raw, {"evolve": {"strategy": "fixed", "seed_prompts": 4}})))
+    run_all(tmp_path, params, monkeypatch)
+    sets = [_read(tmp_path, it, "prompts", art.PROMPTS) for it in ("it1", "it2", "it3")]
+    assert set(sets[0]["source"]) == {"ttt", "fresh", "seed"} and (sets[0]["variant"] > 0).any()
+    for it, df in zip(("it2", "it3"), sets[1:]):
+        assert set(df["iteration"]) == {it}
+        pd.testing.assert_frame_equal(df.drop(columns="iteration"), sets[0].drop(columns="iteration"))
+
+    from stages.lib.config import EvolveConfig, TaskConfig
+    from stages.lib.tasks import ProposeInput, task_for
+
+    task = task_for(TaskConfig(**tiny_raw["task"]))
+    heldout = art.read_table(tmp_path / "data/task/heldout.parquet", art.PROMPTS)
+    ttt = art.read_table(tmp_path / "data/task/ttt.parquet", art.PROMPTS)
+    eva = [task.propose(ProposeInput(EvolveConfig(strategy="eva", fresh=6), it, seed, ttt, heldout,
+                                     _read(tmp_path, "it0", "judgments", art.JUDGMENTS)))
+           for it, seed in (("it1", 1), ("it2", 2))]
+    fresh = [set(df.loc[df["source"] == "fresh", "prompt"]) for df in eva]
+    assert fresh[0] and fresh[0] != fresh[1]

@@ -203,15 +203,17 @@ def _versions() -> dict[str, str]:
 
 
 def provenance(stage: str, iteration: str, params: dict[str, Any], outputs: list[str]) -> dict:
-    """What produced an output: stage, resolved params, git sha, package versions.
+    """What produced an output: stage, the params it read, package versions.
 
-    No timestamps: a rerun of the same commit with the same seed gives identical bytes.
+    Nothing that changes when nothing that matters changed: no timestamps and no git commit (a
+    commit that only edits the README must not change a byte; the commit is an MLflow tag, and
+    dvc.lock's history says which commit wrote which output). The same seed on the same machine
+    gives identical bytes.
     """
     return {
         "stage": stage,
         "iteration": iteration,
         "params": params,
-        "git_sha": git_sha(),
         "versions": _versions(),
         "outputs": outputs,
     }

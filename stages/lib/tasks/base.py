@@ -110,10 +110,9 @@ class ProceduralTask:
 
     def propose(self, inp: ProposeInput) -> pd.DataFrame:
         cfg = inp.cfg
-        # `fixed` draws the same fresh problems every iteration; `eva` draws new ones each time.
-        from ..cli import derive_seed
-
-        rng = random.Random(inp.seed if cfg.strategy == EvolveStrategy.eva else derive_seed(inp.seed, "fixed"))
+        # `fixed` gets the same seed every iteration (stages/evolve.py): the same draws, the same ids
+        rng = random.Random(inp.seed)
+        tag = "fixed" if cfg.strategy == EvolveStrategy.fixed else inp.iteration
         forbidden = {self.parse(p).key for p in inp.heldout["prompt"]}
         taken: set = set()
         problems: list[tuple[str, str, object]] = []  # (group_id, source, problem)
@@ -146,11 +145,11 @@ class ProceduralTask:
         else:
             fresh = self.fresh(rng, cfg.fresh, forbidden, taken)
         for i, p in enumerate(fresh):
-            take(f"{inp.iteration}-fresh-{i:05d}", "fresh", p)
+            take(f"{tag}-fresh-{i:05d}", "fresh", p)
 
         rows: list[dict] = []
         for i, p in enumerate(seeds):  # SPIN: as posed in the seed data, no rewrites
-            rows += prompt_rows(inp.iteration, f"{inp.iteration}-seed-{i:05d}", "seed", p.category,
+            rows += prompt_rows(inp.iteration, f"{tag}-seed-{i:05d}", "seed", p.category,
                                 [(p.prompt, p.answer)])
         for gid, source, p in problems:
             variants = [p] + self.rewrites(p, cfg.rewrites, rng, forbidden)
