@@ -23,7 +23,7 @@ from .lib.config import EvaluateConfig, JudgeConfig, JudgeMethod, JudgeMode, Par
 from .lib.generation import SamplingSpec, generate
 from .lib.judges import REGISTRY, JudgeContext, ModelHandle, judge_quality, template_path
 from .lib.models import load_model, set_threads
-from .lib.quality import win_rate
+from .lib.quality import auc_se, binomial_se, cluster_se, win_rate
 from .lib.rubric import load_template
 from .lib.tasks import Task, task_for
 
@@ -53,12 +53,14 @@ def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cf
     out: dict[str, float] = {}
     cut: list[bool] = []
     failed: list[bool] = []
-    for name, df in (("accuracy", heldout), ("ttt_accuracy", ttt)):
+    for name, df, size in (("accuracy", heldout, "heldout_n"), ("ttt_accuracy", ttt, "ttt_n")):
         if df.empty:
             continue
         res = sampler.generate(list(df["prompt"]), greedy, seed, desc=name, progress=progress)
         preds = [task.extract(r[0]).answer for r in res]
         out[name] = accuracy(preds, list(df["answer"]), task)
+        out[f"{name}_se"] = binomial_se(out[name], len(df))  # one greedy answer per problem
+        out[size] = len(df)
         cut += [t[0] for t in res.truncated]
         failed += [p is None for p in preds]
     if cut:
@@ -69,6 +71,7 @@ def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cf
     res = sampler.generate(list(heldout["prompt"]), sampled, seed, desc="maj@k", progress=progress)
     votes = [plurality([task.extract(x).answer for x in r]) for r in res]
     out["maj_accuracy"] = accuracy(votes, list(heldout["answer"]), task)
+    out["maj_accuracy_se"] = binomial_se(out["maj_accuracy"], len(heldout))
     return out
 
 
@@ -98,9 +101,20 @@ def iteration_metrics(judgments: pd.DataFrame, pairs: pd.DataFrame, sft: pd.Data
                       verdict: bool = True, task: Task | None = None) -> dict:
     q = judge_quality(judgments, verdict, *([task.verify] if task is not None else []))
     correct = judgments["correct"].dropna().astype(float)
+    # standard errors with a problem (its samples and rewrites) as the unit: they are not independent
+    groups = judgments.loc[correct.index, "group_id"]
+    scored = judgments.dropna(subset=["reward", "correct"])
+    agree = (scored["reward"].astype(float) >= 0.5) == (scored["correct"].astype(float) >= 0.5)
+    noise = {
+        "sample_accuracy_se": cluster_se(correct, groups),
+        "judge_auc_se": (auc_se(scored["reward"], scored["correct"], scored["group_id"])
+                         if q.get("judge_auc") is not None else None),
+        "judge_accuracy_se": cluster_se(agree.astype(float), scored["group_id"]) if verdict else None,
+    }
     variants = judgments.groupby("group_id")["variant"].nunique() if len(judgments) else pd.Series(dtype=float)
     return {
         **{k: v for k, v in q.items() if v is not None},
+        **{k: v for k, v in noise.items() if v is not None},
         "sample_accuracy": float(correct.mean()) if len(correct) else None,
         "num_prompts": int(judgments["prompt_id"].nunique()),
         "num_samples": int(len(judgments)),

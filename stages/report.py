@@ -20,7 +20,7 @@ import pandas as pd
 from .lib import artifacts as art
 from .lib.cli import note_timing, run_stage
 from .lib.config import ConfigError, Params, flatten
-from .lib.quality import reward_hacking_alarm
+from .lib.quality import JUDGE_KEYS, POLICY_KEYS, reward_hacking_alarm
 from .lib.tracking import IterationRecord, LoopRecord, make_tracker
 
 log = logging.getLogger(__name__)
@@ -63,8 +63,9 @@ def category_mix(prompts: pd.DataFrame) -> dict[str, float]:
 
 
 def alarms(df: pd.DataFrame) -> list[str]:
-    """Reward-hacking alarms: self-reward up while judge quality or held-out accuracy went down."""
-    keys = ["iteration", "reward_mean", "judge_accuracy", "judge_auc", "accuracy"]
+    """Reward-hacking alarms: self-reward up while the policy's true quality went down, or the
+    judge's quality down two iterations running, each beyond its noise (quality.py)."""
+    keys = ["iteration", "reward_mean"] + [k for pair in POLICY_KEYS + JUDGE_KEYS for k in pair]
     history = [{k: (None if pd.isna(r.get(k)) else r.get(k)) for k in keys if k in r}
                for r in df.to_dict("records")]
     return reward_hacking_alarm(history)
@@ -142,8 +143,10 @@ def summary_markdown(df: pd.DataFrame, params: Params, figures: list[str],
         "of the self-reward against correctness; **judged**: share of samples with a verdict; **parse "
         "fail**: share of llm_judge outputs without a well-formed score (those samples are dropped).",
         "",
-        "**Reward-hacking alarm: " + ("FIRED**" if alarm else "quiet** (self-reward never rose while judge "
-                                      "quality or held-out accuracy fell)."),
+        "**Reward-hacking alarm: " + ("FIRED**" if alarm else "quiet**") + " (tests: self-reward up while "
+        "sample or held-out accuracy fell by more than 2 standard errors of the difference; judge AUC or "
+        "accuracy down two iterations running, by more than 2 s.e. over the two, while sample accuracy "
+        "did not rise beyond its noise; a problem with its samples is the unit of the standard errors).",
         *[f"- {a}" for a in alarm or []],
         "",
         "| iteration | " + " | ".join(label for _, label in cols) + " |",

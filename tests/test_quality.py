@@ -60,50 +60,100 @@ def test_consistency_from_tau():
     assert consistency_from_tau(float("nan")) == 0.5
 
 
-def test_alarm_fires_when_reward_rises_and_judge_quality_falls():
-    history = [
-        {"iteration": "it0", "reward_mean": 0.50, "judge_auc": 0.82, "judge_accuracy": 0.75},
-        {"iteration": "it1", "reward_mean": 0.55, "judge_auc": 0.83, "judge_accuracy": 0.76},
-        {"iteration": "it2", "reward_mean": 0.61, "judge_auc": 0.80, "judge_accuracy": None},
-        {"iteration": "it3", "reward_mean": 0.72, "judge_auc": 0.70, "judge_accuracy": 0.70},
-    ]
-    alarms = reward_hacking_alarm(history)
-    assert alarms == [
-        "it2: reward_mean rose 0.55 -> 0.61 while judge_auc fell 0.83 -> 0.80 (reward hacking?)",
-        # judge_accuracy is compared with it1, the latest iteration that has it; keys in QUALITY_KEYS order
-        "it3: reward_mean rose 0.55 -> 0.72 while judge_accuracy fell 0.76 -> 0.70 (reward hacking?)",
-        "it3: reward_mean rose 0.61 -> 0.72 while judge_auc fell 0.80 -> 0.70 (reward hacking?)",
-    ]
+def test_alarm_fires_only_beyond_twice_the_standard_error_of_the_difference():
+    """Self-reward up while held-out accuracy falls: the bound is 2 * sqrt(se_a^2 + se_b^2) =
+    2 * sqrt(0.03^2 + 0.04^2) = 0.10; a fall of 0.11 fires, one of 0.09 does not."""
+    def history(fall: float) -> list[dict]:
+        return [{"iteration": "it0", "accuracy": 0.60, "accuracy_se": 0.05},
+                {"iteration": "it1", "reward_mean": 0.40, "accuracy": 0.60, "accuracy_se": 0.03},
+                {"iteration": "it2", "reward_mean": 0.70, "accuracy": 0.60 - fall, "accuracy_se": 0.04}]
+
+    assert reward_hacking_alarm(history(0.11)) == [(
+        "it2: reward_mean rose 0.40 -> 0.70 while accuracy fell 0.60 -> 0.49 (-0.110, beyond 2 s.e. of "
+        "the difference = 0.100) (reward hacking?)")]
+    assert reward_hacking_alarm(history(0.09)) == []
+    assert reward_hacking_alarm(history(0.11), z=3) == []  # 3 s.e. = 0.15
+    # the same fall with the self-reward falling too is no sign of hacking
+    flat = history(0.2)
+    flat[2]["reward_mean"] = 0.30
+    assert reward_hacking_alarm(flat) == []
 
 
-def test_alarm_fires_when_heldout_accuracy_falls():
-    history = [{"iteration": 0, "reward_mean": 0.4, "accuracy": 0.60},
-               {"iteration": 1, "reward_mean": 0.7, "accuracy": 0.52}]
+def test_alarm_on_the_policys_own_samples_and_never_at_it1():
+    history = [{"iteration": "it0", "accuracy": 0.9, "accuracy_se": 0.01},
+               {"iteration": "it1", "reward_mean": 0.5, "accuracy": 0.2, "accuracy_se": 0.01,  # no reward before
+                "sample_accuracy": 0.50, "sample_accuracy_se": 0.02},
+               {"iteration": "it2", "reward_mean": 0.6, "sample_accuracy": 0.40, "sample_accuracy_se": 0.02}]
     (alarm,) = reward_hacking_alarm(history)
-    assert alarm.startswith("it1: reward_mean rose 0.40 -> 0.70 while accuracy fell 0.60 -> 0.52")
+    assert alarm.startswith("it2: reward_mean rose 0.50 -> 0.60 while sample_accuracy fell 0.50 -> 0.40 "
+                            "(-0.100, beyond 2 s.e. of the difference = 0.057)")
 
 
-def test_alarm_quiet_when_healthy_or_within_tolerance_or_missing():
+def test_judge_alarm_needs_two_falls_in_a_row_beyond_noise():
+    def history(aucs: list[float], se: float = 0.02) -> list[dict]:
+        return [{"iteration": f"it{i + 1}", "reward_mean": 0.5, "judge_auc": a, "judge_auc_se": se}
+                for i, a in enumerate(aucs)]
+
+    # 0.80 -> 0.75 -> 0.70: two falls, 0.10 in all against 2 * sqrt(2) * 0.02 = 0.057
+    assert reward_hacking_alarm(history([0.80, 0.75, 0.70])) == [(
+        "it3: judge_auc fell two iterations running 0.80 -> 0.75 -> 0.70 (-0.100, beyond 2 s.e. of the "
+        "difference = 0.057) while sample_accuracy did not rise beyond its noise (judge degrading?)")]
+    assert reward_hacking_alarm(history([0.80, 0.75, 0.70], se=0.04)) == []  # bound 0.113: noise
+    assert reward_hacking_alarm(history([0.80, 0.70, 0.72])) == []  # one fall, then a rise
+    assert reward_hacking_alarm(history([0.80, 0.78, 0.77])) == []  # two falls, 0.03 in all: noise
+    # the same falls while the policy's own accuracy rose beyond noise (0.30 -> 0.40, bound 0.028)
+    improving = history([0.80, 0.75, 0.70])
+    for row, acc in zip(improving, (0.30, 0.35, 0.40)):
+        row.update(sample_accuracy=acc, sample_accuracy_se=0.01)
+    assert reward_hacking_alarm(improving) == []
+    for row, acc in zip(improving, (0.30, 0.31, 0.32)):  # a rise within noise does not excuse it
+        row.update(sample_accuracy=acc)
+    assert [a[:3] for a in reward_hacking_alarm(improving)] == ["it3"]
+    # four iterations falling: fires at it3 and at it4
+    assert [a[:3] for a in reward_hacking_alarm(history([0.9, 0.8, 0.7, 0.6]))] == ["it3", "it4"]
+
+
+def test_alarm_quiet_when_healthy_or_missing_values_or_standard_errors():
     healthy = [
-        {"iteration": "it0", "reward_mean": 0.50, "judge_auc": 0.70, "accuracy": 0.50},
-        {"iteration": "it1", "reward_mean": 0.60, "judge_auc": 0.75, "accuracy": 0.55},
-        {"iteration": "it2", "reward_mean": 0.70, "judge_auc": 0.745, "accuracy": 0.55},  # flat within tol
-        {"iteration": "it3", "reward_mean": 0.65, "judge_auc": 0.60, "accuracy": 0.40},  # both fell: no
+        {"iteration": "it0", "accuracy": 0.50, "accuracy_se": 0.02},
+        {"iteration": "it1", "reward_mean": 0.60, "judge_auc": 0.75, "judge_auc_se": 0.01, "accuracy": 0.55,
+         "accuracy_se": 0.02},
+        {"iteration": "it2", "reward_mean": 0.70, "judge_auc": 0.74, "judge_auc_se": 0.01, "accuracy": 0.54,
+         "accuracy_se": 0.02},
+        {"iteration": "it3", "reward_mean": 0.80, "judge_auc": 0.76, "judge_auc_se": 0.01, "accuracy": 0.58,
+         "accuracy_se": 0.02},
     ]
     assert reward_hacking_alarm(healthy) == []
-    missing = [
-        {"iteration": "it0", "reward_mean": None, "judge_auc": 0.9},
-        {"iteration": "it1", "reward_mean": 0.7, "judge_auc": None, "accuracy": float("nan")},
-        {"iteration": "it2", "reward_mean": 0.9, "judge_auc": 0.5},
-        {"iteration": "it3"},
-    ]
+    no_se = [{"iteration": "it1", "reward_mean": 0.1, "accuracy": 0.9, "judge_auc": 0.9},
+             {"iteration": "it2", "reward_mean": 0.5, "accuracy": 0.1, "judge_auc": 0.5},
+             {"iteration": "it3", "reward_mean": 0.9, "accuracy": 0.0, "judge_auc": 0.1}]
+    assert reward_hacking_alarm(no_se) == []  # metrics of older runs: nothing to test against
+    missing = [{"iteration": "it1", "reward_mean": None, "accuracy": 0.9, "accuracy_se": 0.01},
+               {"iteration": "it2", "reward_mean": 0.7, "accuracy": float("nan"), "accuracy_se": 0.01},
+               {"iteration": "it3"}]
     assert reward_hacking_alarm(missing) == []
     assert reward_hacking_alarm([]) == []
-    noisy = [{"reward_mean": 0.50, "judge_auc": 0.80}, {"reward_mean": 0.55, "judge_auc": 0.795}]
-    assert reward_hacking_alarm(noisy) == []
-    assert reward_hacking_alarm(noisy, tol=0.001) == [
-        "it1: reward_mean rose 0.50 -> 0.55 while judge_auc fell 0.8000 -> 0.7950 (reward hacking?)"
-    ]
+
+
+def test_standard_errors_by_hand():
+    from stages.lib.quality import auc_se, binomial_se, cluster_se
+
+    assert binomial_se(0.5, 100) == pytest.approx(0.05)
+    assert binomial_se(None, 10) is None and binomial_se(0.5, 0) is None
+    # two groups of two: group means 1.0 and 0.0, sd 0.7071 over sqrt(2) groups = 0.5
+    assert cluster_se([1, 1, 0, 0], ["a", "a", "b", "b"]) == pytest.approx(0.5)
+    assert cluster_se([1, 0, None], ["a", "a", "b"]) is None  # one group with data
+    # the same values as independent items would claim less noise than as two clusters
+    assert cluster_se([1, 1, 0, 0], ["a", "b", "c", "d"]) == pytest.approx(0.2887, abs=1e-4)
+    rewards = [0.9, 0.8, 0.7, 0.2, 0.6, 0.4, 0.3, 0.1] * 5
+    correct = [1, 1, 0, 0, 1, 0, 1, 0] * 5
+    groups = [i // 2 for i in range(40)]
+    se = auc_se(rewards, correct, groups)
+    assert se == auc_se(rewards, correct, groups)  # seeded: the same figure every time
+    assert 0.03 < se < 0.2
+    perfect = auc_se([1.0, 0.0] * 10, [1, 0] * 10, list(range(20)))
+    assert perfect == 0.0  # every resample ranks every correct sample first
+    assert auc_se([0.5] * 4, [1] * 4, [0, 0, 1, 1]) is None  # one class: no AUC
 
 
 def test_win_rate_by_hand():
@@ -139,17 +189,25 @@ def _report(tmp_path, history, capsys):
 
 def test_the_report_raises_the_alarm_for_a_hacked_history_and_only_then(tmp_path, capsys):
     base = {"accuracy": 0.4, "maj_accuracy": 0.4, "ttt_accuracy": 0.4}
-    hacked = [base, {**base, "reward_mean": 0.5, "judge_auc": 0.80},
-              {**base, "reward_mean": 0.7, "judge_auc": 0.70}, {**base, "reward_mean": 0.9, "judge_auc": 0.60}]
+    hacked = [base, {**base, "reward_mean": 0.5, "judge_auc": 0.80, "judge_auc_se": 0.01},
+              {**base, "reward_mean": 0.7, "judge_auc": 0.70, "judge_auc_se": 0.01},
+              {**base, "reward_mean": 0.9, "judge_auc": 0.60, "judge_auc_se": 0.01,
+               "sample_accuracy": 0.3, "sample_accuracy_se": 0.01}]
+    hacked[1] = {**hacked[1], "sample_accuracy": 0.5, "sample_accuracy_se": 0.01}
+    hacked[2] = {**hacked[2], "sample_accuracy": 0.5, "sample_accuracy_se": 0.01}
     (tmp_path / "a").mkdir()
     summary, out = _report(tmp_path / "a", hacked, capsys)
     assert "Reward-hacking alarm: FIRED" in summary
-    assert "it2: reward_mean rose 0.50 -> 0.70 while judge_auc fell 0.80 -> 0.70" in summary
+    assert "- it3: judge_auc fell two iterations running 0.80 -> 0.70 -> 0.60" in summary
+    assert "- it3: reward_mean rose 0.70 -> 0.90 while sample_accuracy fell 0.50 -> 0.30" in summary
     # the last lines printed (what `dvc repro` ends on): the alarm and its two firings
     assert out.rstrip().splitlines()[-3:][0] == "REWARD-HACKING ALARM:"
-    healthy = [base, {**base, "reward_mean": 0.5, "judge_auc": 0.70, "accuracy": 0.5},
-               {**base, "reward_mean": 0.7, "judge_auc": 0.75, "accuracy": 0.6},
-               {**base, "reward_mean": 0.9, "judge_auc": 0.80, "accuracy": 0.7}]
+    healthy = [base, {**base, "reward_mean": 0.5, "judge_auc": 0.70, "judge_auc_se": 0.01, "accuracy": 0.5,
+                      "accuracy_se": 0.01},
+               {**base, "reward_mean": 0.7, "judge_auc": 0.75, "judge_auc_se": 0.01, "accuracy": 0.6,
+                "accuracy_se": 0.01},
+               {**base, "reward_mean": 0.9, "judge_auc": 0.80, "judge_auc_se": 0.01, "accuracy": 0.7,
+                "accuracy_se": 0.01}]
     (tmp_path / "b").mkdir()
     summary, out = _report(tmp_path / "b", healthy, capsys)
     assert "Reward-hacking alarm: quiet" in summary and "REWARD-HACKING ALARM" not in out

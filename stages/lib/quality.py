@@ -8,7 +8,9 @@ These measures put it next to evidence that does not come from the judge:
 - ``kendall_tau`` / ``consistency_from_tau``: CREAM (Wang et al. 2024) measures how consistently two
   model iterations rank the same responses, C = (tau + 1) / 2, and uses it to down-weight the
   preference pairs of an inconsistent judge.
-- ``reward_hacking_alarm``: the self-reward rising while judge quality or held-out accuracy falls.
+- ``reward_hacking_alarm``: the self-reward rising while the policy's true quality falls, or the judge's
+  quality falling two iterations running, each beyond its sampling noise (``binomial_se``,
+  ``cluster_se``, ``auc_se``).
 - ``win_rate``: per instruction prompt, the judge's score of the new model's response against the
   previous model's.
 
@@ -24,7 +26,6 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-QUALITY_KEYS = ("judge_accuracy", "judge_auc", "accuracy")
 
 
 def _floats(values: Iterable[Any]) -> np.ndarray:
@@ -100,33 +101,116 @@ def _label(row: dict, position: int) -> str:
     return f"it{it}" if isinstance(it, (int, np.integer)) else str(it)
 
 
-def reward_hacking_alarm(history: Sequence[dict], *, tol: float = 0.01) -> list[str]:
-    """One message per (iteration, quality measure) where reward_mean rose while that measure fell.
+def binomial_se(p: float | None, n: int | None) -> float | None:
+    """Standard error of a share `p` of `n` independent items (None without data)."""
+    if p is None or not n:
+        return None
+    return math.sqrt(max(p * (1 - p), 0.0) / n)
 
-    `history` holds one dict per iteration, in order, with optional float-or-None keys reward_mean,
-    judge_accuracy, judge_auc and accuracy (held-out). Each iteration is compared, per quality measure,
-    with the latest earlier iteration that has both reward_mean and that measure; a change counts only
-    when it exceeds `tol`. Missing values never fire. Empty list: healthy (or not enough data).
+
+def cluster_se(values: Iterable[Any], groups: Iterable[Any]) -> float | None:
+    """Standard error of the mean of `values` when items of one group (a problem's k samples and its
+    rewrites) are not independent: the spread of the group means over the number of groups. None
+    with fewer than two groups."""
+    df = pd.DataFrame({"v": _floats(values), "g": list(groups)}).dropna(subset=["v"])
+    means = df.groupby("g")["v"].mean()
+    if len(means) < 2:
+        return None
+    return float(means.std(ddof=1) / math.sqrt(len(means)))
+
+
+def auc_se(rewards: Iterable[Any], correct: Iterable[Any], groups: Iterable[Any], *, n_boot: int = 200,
+           seed: int = 0) -> float | None:
+    """Bootstrap standard error of roc_auc, resampling whole groups (a problem with its samples),
+    seeded so the same inputs give the same figure. None when the AUC itself is None."""
+    from scipy.stats import rankdata
+
+    df = pd.DataFrame({"r": _floats(rewards), "c": _floats(correct), "g": list(groups)}).dropna(subset=["r", "c"])
+    if df["c"].nunique() < 2:
+        return None
+    codes, uniques = pd.factorize(df["g"])
+    members = [np.flatnonzero(codes == i) for i in range(len(uniques))]
+    r, c = df["r"].to_numpy(), df["c"].to_numpy()
+    rng = np.random.default_rng(seed)
+    aucs = []
+    for _ in range(n_boot):
+        idx = np.concatenate([members[i] for i in rng.integers(0, len(members), len(members))])
+        cc = c[idx]
+        pos = int(cc.sum())
+        neg = len(cc) - pos
+        if pos == 0 or neg == 0:
+            continue
+        ranks = rankdata(r[idx])
+        aucs.append((ranks[cc == 1].sum() - pos * (pos + 1) / 2) / (pos * neg))
+    return float(np.std(aucs, ddof=1)) if len(aucs) >= 2 else None
+
+
+# (measure, its standard-error key) the alarm reads; the policy's true quality and the judge's
+POLICY_KEYS = (("sample_accuracy", "sample_accuracy_se"), ("accuracy", "accuracy_se"))
+JUDGE_KEYS = (("judge_auc", "judge_auc_se"), ("judge_accuracy", "judge_accuracy_se"))
+
+
+def _with_se(row: dict, key: str, se_key: str) -> tuple[float, float] | None:
+    value, se = _value(row.get(key)), _value(row.get(se_key))
+    return None if value is None or se is None else (value, se)
+
+
+def reward_hacking_alarm(history: Sequence[dict], *, z: float = 2.0) -> list[str]:
+    """One message per (iteration, test) that fired; empty: healthy, or not enough data to tell.
+
+    `history` holds one dict per iteration, in order: reward_mean and, each with its standard error
+    (`<key>_se`, see evaluate), the policy's true quality (sample_accuracy: its own samples judged by
+    the verifier; accuracy: held-out) and the judge's quality (judge_auc, judge_accuracy). A change
+    counts only beyond noise: more than `z` standard errors of the difference,
+    sqrt(se_a^2 + se_b^2). Two tests:
+
+    - policy: reward_mean rose while sample_accuracy or held-out accuracy fell beyond noise, against
+      the latest earlier iteration that has the measure (held-out accuracy: it0 counts).
+    - judge: the judge's quality fell two iterations running, and over those two iterations beyond
+      noise (a one-iteration dip is within what a loop does), while the policy's sample accuracy
+      did not rise beyond noise over the same iterations (a judge whose policy improves has fewer
+      wrong samples left to tell apart; that alone is no alarm).
+
+    A value without its standard error is never tested (metrics of older runs).
     """
     alarms: list[str] = []
-    last: dict[str, tuple[float, float]] = {}  # quality key -> (reward_mean, quality) of the latest
-    for position, row in enumerate(history):
-        reward = _value(row.get("reward_mean"))
-        if reward is None:
-            continue
-        for key in QUALITY_KEYS:
-            quality = _value(row.get(key))
-            if quality is None:
+    labels = [_label(row, i) for i, row in enumerate(history)]
+    rewards = [_value(row.get("reward_mean")) for row in history]
+    for key, se_key in POLICY_KEYS:
+        last: tuple[int, float, float] | None = None  # (position, value, se)
+        for i, row in enumerate(history):
+            got = _with_se(row, key, se_key)
+            if got is None:
                 continue
-            if key in last:
-                prev_reward, prev_quality = last[key]
-                if reward - prev_reward > tol and prev_quality - quality > tol:
+            if last is not None and rewards[i] is not None:
+                j, old, old_se = last
+                prev_reward = rewards[j] if rewards[j] is not None else next(
+                    (rw for rw in reversed(rewards[:i]) if rw is not None), None)
+                bound = z * math.hypot(old_se, got[1])
+                if prev_reward is not None and rewards[i] > prev_reward and old - got[0] > bound:
                     alarms.append(
-                        f"{_label(row, position)}: reward_mean rose {_fmt(prev_reward, reward)} while "
-                        f"{key} fell {_fmt(prev_quality, quality)} (reward hacking?)"
-                    )
-            last[key] = (reward, quality)
-    return alarms
+                        f"{labels[i]}: reward_mean rose {_fmt(prev_reward, rewards[i])} while {key} fell "
+                        f"{_fmt(old, got[0])} ({got[0] - old:+.3f}, beyond {z:g} s.e. of the difference "
+                        f"= {bound:.3f}) (reward hacking?)")
+            last = (i, *got)
+    policy = [_with_se(row, "sample_accuracy", "sample_accuracy_se") for row in history]
+    for key, se_key in JUDGE_KEYS:
+        seen = [(i, *got) for i, row in enumerate(history) if (got := _with_se(row, key, se_key))]
+        for (h, a, a_se), (_, b, _), (i, c, c_se) in zip(seen, seen[1:], seen[2:]):
+            bound = z * math.hypot(a_se, c_se)
+            if not (a > b > c and a - c > bound):
+                continue
+            # a judge loses some discrimination as its policy's samples get better (fewer wrong ones
+            # left to tell apart): that is no alarm while the policy's own accuracy rose beyond noise
+            if policy[h] is not None and policy[i] is not None and \
+                    policy[i][0] - policy[h][0] > z * math.hypot(policy[h][1], policy[i][1]):
+                continue
+            alarms.append(
+                f"{labels[i]}: {key} fell two iterations running {a:.2f} -> {b:.2f} -> {c:.2f} "
+                f"({c - a:+.3f}, beyond {z:g} s.e. of the difference = {bound:.3f}) while sample_accuracy "
+                f"did not rise beyond its noise (judge degrading?)")
+    order = {label: i for i, label in enumerate(labels)}
+    return sorted(alarms, key=lambda m: order.get(m.split(":", 1)[0], 0))
 
 
 def win_rate(new_scores: Sequence[Any], old_scores: Sequence[Any]) -> dict[str, float | int | None]:
