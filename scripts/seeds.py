@@ -1,0 +1,203 @@
+"""A variant of the loop over several seeds, as DVC experiments, reported as mean +- sd.
+
+    python -m scripts.seeds --name default --seeds 0 1 2
+    python -m scripts.seeds --name dpo --seeds 0 1 2 -S train.algorithm=dpo
+    python -m scripts.seeds --table          # only rebuild the table and plot from kept results
+
+One run cannot tell two variants apart: the same seed trains a different tiny base model on another
+CPU (floating point), and every later figure inherits the difference. Each (variant, seed) runs
+`dvc exp run -n <name>-s<seed> -S seed=<seed> <-S ...>` (`seed` drives the base model's training,
+the task's problem sets and every stage), then keeps its per-iteration metrics in
+`<out>/<name>/s<seed>.json` (experiment refs and the DVC cache do not travel with a clone; these
+files do). `<out>/table.md` holds, per variant, held-out and test-time accuracy at every iteration
+and the gain it0 -> last as mean +- sd over the seeds that finished (with the per-seed values),
+judge quality, and how many seeds raised the reward-hacking alarm; `<out>/accuracy.png` plots the
+same with error bars. A finished result is not run again unless --force.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "reports" / "seeds"
+KEYS = ("accuracy", "accuracy_se", "ttt_accuracy", "ttt_accuracy_se", "maj_accuracy", "sample_accuracy",
+        "sample_accuracy_se", "judge_auc", "judge_auc_se", "judge_accuracy", "judge_accuracy_se",
+        "label_accuracy", "reward_mean", "truncated_share", "eval_truncated_share", "extract_failure_rate",
+        "num_pairs", "heldout_n", "ttt_n")
+
+
+def iterations(root: Path = ROOT) -> list[str]:
+    return ["it0"] + list(yaml.safe_load((root / "params.yaml").read_text())["loop"])
+
+
+def keep_report(root: Path, dest: Path) -> None:
+    """The experiment's reports/summary.md and reports/figures/ (the gap and the curves) to `dest`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(root / "reports" / "summary.md", dest / "summary.md")
+    shutil.rmtree(dest / "figures", ignore_errors=True)
+    shutil.copytree(root / "reports" / "figures", dest / "figures")
+
+
+def run_experiment(name: str, args: list[str], dest: Path, *, force: bool = False, root: Path = ROOT,
+                   extra: dict | None = None, timings: Path | None = None,
+                   report_dir: Path | None = None) -> Path | None:
+    """`dvc exp run -n name args` in `root`; its per-iteration metrics to `dest`, and with
+    `report_dir` its summary and figures there (None: it failed)."""
+    if dest.exists() and not force:
+        print(f"{name}: done already ({dest})", flush=True)
+        return dest
+    env = dict(os.environ)
+    if timings is not None:
+        timings.parent.mkdir(parents=True, exist_ok=True)
+        timings.unlink(missing_ok=True)
+        env["SELF_IMPROVE_TIMINGS"] = str(timings)
+    cmd = ["dvc", "exp", "run", "-n", name, *args]
+    print("+", shlex.join(cmd), flush=True)
+    t0 = time.perf_counter()
+    rc = subprocess.run(cmd, cwd=root, env=env, check=False).returncode
+    wall = time.perf_counter() - t0
+    if rc != 0:
+        print(f"{name}: failed (exit {rc})", file=sys.stderr)
+        return None
+    metrics = {it: json.loads((root / "reports" / it / "metrics.json").read_text()) for it in iterations(root)}
+    result = {"experiment": name, "args": args, "wall_seconds": round(wall, 1), **(extra or {}),
+              "metrics": {it: {k: m[k] for k in KEYS if k in m} for it, m in metrics.items()}}
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    if report_dir is not None:
+        keep_report(root, report_dir)
+    print(f"{name}: {wall / 60:.1f} min -> {dest}", flush=True)
+    return dest
+
+
+def mean_sd(values: list[float]) -> str:
+    """`0.512 +- 0.034 (0.48, 0.55, 0.50)`; one value is marked as a single run."""
+    if not values:
+        return ""
+    if len(values) == 1:
+        return f"{values[0]:.3f} (1 seed)"
+    each = ", ".join(f"{v:.2f}" for v in values)
+    return f"{statistics.mean(values):.3f} +- {statistics.stdev(values):.3f} ({each})"
+
+
+def load_results(out: Path) -> dict[str, list[dict]]:
+    """Kept results by variant, seeds in order: `<out>/<variant>/s<seed>.json` (or a flat
+    `<out>/*.json` with a `variant` or `judge` field)."""
+    groups: dict[str, list[dict]] = {}
+    for f in sorted(out.glob("*.json")) + sorted(out.glob("*/s*.json")):
+        r = json.loads(f.read_text())
+        groups.setdefault(r.get("variant") or r.get("judge") or f.parent.name, []).append(r)
+    return {k: sorted(v, key=lambda r: r["seed"]) for k, v in groups.items()}
+
+
+def series(runs: list[dict], key: str, it: str) -> list[float]:
+    return [r["metrics"][it][key] for r in runs if r["metrics"].get(it, {}).get(key) is not None]
+
+
+def gain(runs: list[dict], key: str, first: str, last: str) -> list[float]:
+    return [r["metrics"][last][key] - r["metrics"][first][key] for r in runs
+            if r["metrics"].get(last, {}).get(key) is not None and r["metrics"].get(first, {}).get(key) is not None]
+
+
+def alarms(run: dict, its: list[str]) -> list[str]:
+    from stages.lib.quality import reward_hacking_alarm
+
+    return reward_hacking_alarm([{"iteration": it, **run["metrics"].get(it, {})} for it in its])
+
+
+def table(groups: dict[str, list[dict]], its: list[str]) -> str:
+    last = its[-1]
+    head = (["variant", "seeds"] + [f"held-out {it}" for it in its] + [f"held-out gain {its[0]}->{last}"]
+            + [f"test-time {it}" for it in its] + [f"test-time gain {its[0]}->{last}", f"judge AUC {its[1]}",
+                                                    f"judge AUC {last}", "alarm fired"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for variant, runs in groups.items():
+        tested = [r for r in runs if any(k.endswith("_se") for m in r["metrics"].values() for k in m)]
+        fired = (f"{sum(bool(alarms(r, its)) for r in tested)} of {len(tested)}" if tested
+                 else "n/a (no s.e. recorded)")
+        cells = [variant, ", ".join(str(r["seed"]) for r in runs)]
+        cells += [mean_sd(series(runs, "accuracy", it)) for it in its] + [mean_sd(gain(runs, "accuracy", its[0], last))]
+        cells += [mean_sd(series(runs, "ttt_accuracy", it)) for it in its]
+        cells += [mean_sd(gain(runs, "ttt_accuracy", its[0], last))]
+        cells += [mean_sd(series(runs, "judge_auc", its[1])), mean_sd(series(runs, "judge_auc", last)),
+                  fired]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(groups: dict[str, list[dict]], its: list[str], path: Path) -> None:
+    """Held-out and test-time accuracy per iteration, mean with +- sd error bars, one line per variant."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, key, title in zip(axes, ("accuracy", "ttt_accuracy"), ("held-out accuracy", "test-time accuracy")):
+        for variant, runs in groups.items():
+            xs, means, sds = [], [], []
+            for i, it in enumerate(its):
+                vals = series(runs, key, it)
+                if vals:
+                    xs.append(i)
+                    means.append(statistics.mean(vals))
+                    sds.append(statistics.stdev(vals) if len(vals) > 1 else 0.0)
+            ax.errorbar(xs, means, yerr=sds, marker="o", capsize=3,
+                        label=f"{variant} (n={len(runs)})")
+        ax.set_xticks(range(len(its)), its)
+        ax.set_title(title + " (mean +- sd over seeds)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("accuracy")
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+
+
+def write_reports(out: Path, root: Path = ROOT) -> str:
+    groups = load_results(out)
+    its = iterations(root)
+    text = table(groups, its)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "table.md").write_text(text)
+    if groups:
+        plot(groups, its, out / "accuracy.png")
+    return text
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--name", help="the variant's name (experiments are <name>-s<seed>)")
+    ap.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
+    ap.add_argument("-S", "--set-param", dest="params", action="append", default=[],
+                    help="a params override, as `dvc exp run -S` takes it (repeatable)")
+    ap.add_argument("--out", type=Path, default=OUT, help=f"where results are kept (default {OUT.relative_to(ROOT)})")
+    ap.add_argument("--force", action="store_true", help="run again even if a result exists")
+    ap.add_argument("--table", action="store_true", help="only rebuild the table and the plot")
+    args = ap.parse_args(argv)
+    if not args.table:
+        if not args.name:
+            ap.error("--name is needed to run a variant")
+        for seed in args.seeds:
+            overrides = [x for p in args.params for x in ("-S", p)] + ["-S", f"seed={seed}"]
+            run_experiment(f"{args.name}-s{seed}", overrides, args.out / args.name / f"s{seed}.json",
+                           force=args.force, extra={"variant": args.name, "seed": seed, "overrides": args.params})
+            write_reports(args.out)
+    print(write_reports(args.out))
+
+
+if __name__ == "__main__":
+    main()
