@@ -12,7 +12,6 @@ judges them with the rubric (Self-Rewarding's llm_judge; ties count 1/2).
 from __future__ import annotations
 
 import argparse
-from collections import Counter
 
 import pandas as pd
 
@@ -21,20 +20,11 @@ from .lib.cli import derive_seed, run_stage
 from .lib.backends import HFSampler, Sampler, open_sampler
 from .lib.config import EvaluateConfig, JudgeConfig, JudgeMethod, JudgeMode, Params
 from .lib.generation import SamplingSpec, generate
-from .lib.judges import REGISTRY, JudgeContext, ModelHandle, judge_quality, template_path
+from .lib.judges import REGISTRY, JudgeContext, ModelHandle, judge_quality, template_path, vote_label
 from .lib.models import load_model, set_threads
 from .lib.quality import auc_se, binomial_se, cluster_se, win_rate
 from .lib.rubric import load_template
 from .lib.tasks import Task, task_for
-
-
-def plurality(preds: list[str | None]) -> str | None:
-    """The most common answer; ties go to the answer seen first."""
-    counts = Counter(p for p in preds if p is not None)
-    if not counts:
-        return None
-    best = max(counts.values())
-    return next(p for p in preds if p is not None and counts[p] == best)
 
 
 def accuracy(preds: list[str | None], answers: list[str], task: Task) -> float:
@@ -69,7 +59,7 @@ def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cf
     if heldout.empty:
         return out
     res = sampler.generate(list(heldout["prompt"]), sampled, seed, desc="maj@k", progress=progress)
-    votes = [plurality([task.extract(x).answer for x in r]) for r in res]
+    votes = [vote_label([task.extract(x).answer for x in r], 0.0) for r in res]  # a tie: no answer
     out["maj_accuracy"] = accuracy(votes, list(heldout["answer"]), task)
     out["maj_accuracy_se"] = binomial_se(out["maj_accuracy"], len(heldout))
     return out

@@ -81,6 +81,16 @@ def spin_pairs(judgments: pd.DataFrame, seed: int) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=art.PAIRS.names)
 
 
+def group_advantages(rewards: np.ndarray, eps: float = ADVANTAGE_EPS) -> np.ndarray:
+    """GRPO's group-relative advantages (Shao et al. 2024, DeepSeekMath), normalised as TRL does:
+    A_i = (r_i - mean(r)) / (std(r) + eps) over one prompt's samples, std unbiased (n - 1) as
+    torch.std in TRL's GRPOTrainer. A group of one, or whose rewards are all equal, gets exactly 0."""
+    r = np.asarray(rewards, dtype=float)
+    if len(r) < 2 or np.all(r == r[0]):
+        return np.zeros_like(r)
+    return (r - r.mean()) / (r.std(ddof=1) + eps)
+
+
 def groups(judgments: pd.DataFrame) -> pd.DataFrame:
     """GRPO groups: scored samples of prompts whose rewards differ, with their advantages."""
     scored = judgments.dropna(subset=["reward"]).sort_values(["prompt_id", "sample_id"])
@@ -89,7 +99,7 @@ def groups(judgments: pd.DataFrame) -> pd.DataFrame:
         r = g["reward"].astype(float).to_numpy()
         if len(r) < 2 or np.all(r == r[0]):
             continue
-        adv = (r - r.mean()) / (r.std(ddof=1) + ADVANTAGE_EPS)
+        adv = group_advantages(r)
         out.append(g.assign(reward=r, advantage=adv)[art.GROUPS.names])
     if not out:
         return art.empty_table(art.GROUPS)

@@ -8,7 +8,8 @@ import statistics
 import pytest
 import torch
 
-from stages.lib.losses import cream_loss, dpo_loss, group_advantages, grpo_loss, ipo_loss, spin_loss
+from stages.lib.losses import cream_loss, dpo_loss, grpo_loss, ipo_loss, spin_loss
+from stages.pairs import group_advantages
 
 F64 = torch.float64
 
@@ -127,27 +128,24 @@ def test_cream_rejects_consistency_outside_unit_interval():
 
 
 def test_group_advantages_unbiased_std():
-    rewards = [1.0, 0.0, 0.0, 1.0, 1.0, 0.5, 0.25]
-    groups = [7, 7, 7, 7, 3, 3, 3]
-    adv = group_advantages(t(rewards), torch.tensor(groups))
-    expected = []
-    for r, g in zip(rewards, groups):
-        members = [x for x, h in zip(rewards, groups) if h == g]
-        mean = sum(members) / len(members)
-        std = math.sqrt(sum((x - mean) ** 2 for x in members) / (len(members) - 1))
-        expected.append((r - mean) / (std + 1e-4))
-    assert adv.tolist() == pytest.approx(expected, rel=1e-12)
+    rewards = [1.0, 0.0, 0.0, 1.0]
+    mean = 0.5
+    std = math.sqrt(sum((x - mean) ** 2 for x in rewards) / 3)
+    assert group_advantages(rewards).tolist() == pytest.approx([(r - mean) / (std + 1e-4) for r in rewards],
+                                                               rel=1e-12)
+    # mean 0.5833, std 0.3819 (n - 1): by hand
+    assert group_advantages([1.0, 0.5, 0.25]).tolist() == pytest.approx([1.0908, -0.2182, -0.8726], abs=1e-4)
 
 
 def test_group_advantages_flat_and_singleton_groups_are_zero():
-    rewards = t([0.1, 0.1, 0.1, 0.7, 1.0, 0.0])
-    adv = group_advantages(rewards, torch.tensor([0, 0, 0, 1, 2, 2]))
-    assert adv[:4].tolist() == [0.0, 0.0, 0.0, 0.0]
-    assert adv[4] > 0 > adv[5]
+    assert group_advantages([0.1, 0.1, 0.1]).tolist() == [0.0, 0.0, 0.0]
+    assert group_advantages([0.7]).tolist() == [0.0]
+    adv = group_advantages([1.0, 0.0])
+    assert adv[0] > 0 > adv[1]
 
 
 def test_grpo_flat_group_gives_zero_gradient():
-    adv = group_advantages(t([0.5, 0.5]), torch.tensor([0, 0]))
+    adv = t(group_advantages([0.5, 0.5]).tolist())
     logps = t([[-1.0, -2.0], [-0.5, 0.0]], grad=True)
     mask = t([[1.0, 1.0], [1.0, 0.0]])
     loss, _ = grpo_loss(logps, logps.detach() - 0.1, adv, mask)

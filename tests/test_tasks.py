@@ -207,6 +207,11 @@ def test_paraphrases_keep_every_number_and_are_not_near_duplicates():
     assert kept == [["Each day Tom reads 15 pages; how many pages in 2 weeks?",
                      "Over 2 weeks, how many pages does Tom read at 15 pages daily?"]]
     assert dropped == {"changed_numbers": 1, "empty": 1, "near_duplicate": 1}
+    # a paraphrase that is (nearly) a held-out question never reaches training
+    held = ["Over 2 weeks, how many pages does Tom read at 15 pages a day?"]
+    kept, dropped = task.paraphrases([q], 5, lambda template, prompts, n: written, held)
+    assert kept == [["Each day Tom reads 15 pages; how many pages in 2 weeks?"]]
+    assert dropped == {"changed_numbers": 1, "empty": 1, "near_duplicate": 1, "near_heldout": 1}
 
 
 # --- through the stages, on a small pretrained chat model ------------------------------------------------

@@ -149,37 +149,6 @@ def cream_loss(
     return losses.mean(), stats
 
 
-def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
-    """GRPO group-relative advantages (Shao et al. 2024, DeepSeekMath), normalised as TRL does.
-
-    A_i = (r_i - mean_g(r)) / (std_g(r) + eps), g the group of sample i (all samples for one prompt),
-    std_g the unbiased (n - 1) standard deviation, as torch.std in TRL's GRPOTrainer. A group of one
-    sample, or one whose rewards are all equal, gets advantage exactly 0.
-
-    rewards: (N,) float rewards; group_ids: (N,) integer group ids (any values, any order).
-    Returns (N,) advantages in rewards' dtype, detached (advantages are constants of the loss).
-    """
-    if rewards.dim() != 1 or group_ids.shape != rewards.shape:
-        raise ValueError("group_advantages: rewards and group_ids must both have shape (N,)")
-    r = rewards.detach()
-    if not r.is_floating_point():
-        r = r.float()
-    if r.numel() == 0:
-        return r.clone()
-    _, inv = torch.unique(group_ids, return_inverse=True)
-    n_groups = int(inv.max()) + 1
-    zeros = r.new_zeros(n_groups)
-    count = zeros.index_add(0, inv, torch.ones_like(r))
-    mean = zeros.index_add(0, inv, r) / count
-    dev = r - mean[inv]
-    var = zeros.index_add(0, inv, dev * dev) / (count - 1).clamp(min=1)
-    adv = dev / (var.sqrt()[inv] + eps)
-    gmax = zeros.scatter_reduce(0, inv, r, reduce="amax", include_self=False)
-    gmin = zeros.scatter_reduce(0, inv, r, reduce="amin", include_self=False)
-    flat = (count[inv] < 2) | (gmax[inv] == gmin[inv])
-    return torch.where(flat, torch.zeros_like(adv), adv)
-
-
 def grpo_loss(
     token_logps: torch.Tensor,
     old_logps: torch.Tensor,
@@ -200,7 +169,7 @@ def grpo_loss(
     0 where masked. old_logps: (B, T) the same under the sampling policy (treated as constant;
     equal to token_logps.detach() on the first update). ref_logps: (B, T) the same under the
     reference model (constant), needed when kl_beta > 0. advantages: (B,) one per sequence,
-    e.g. from group_advantages. mask: (B, T) 1 on response tokens.
+    e.g. from stages.pairs.group_advantages. mask: (B, T) 1 on response tokens.
     Returns the loss (scalar) and detached diagnostics over the unmasked tokens: mean kl (0 without
     ref_logps), clip_fraction (share of tokens where the clipped term is the minimum: ratio > 1 + eps
     with A > 0 or ratio < 1 - eps with A < 0) and ratio_mean.

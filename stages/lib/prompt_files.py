@@ -265,6 +265,12 @@ def _jaccard(a: frozenset[str], b: frozenset[str]) -> float:
     return len(a & b) / len(a | b)
 
 
+def near_any(texts: list[str], against: list[str], max_overlap: float = 0.6, n: int = 3) -> list[bool]:
+    """For each text: does it overlap any of `against` by more than `max_overlap` (n-gram Jaccard)?"""
+    grams = [_ngrams(a, n) for a in against]
+    return [any(_jaccard(_ngrams(t, n), g) > max_overlap for g in grams) for t in texts]
+
+
 def ngram_overlap(a: str, b: str, n: int = 3) -> float:
     """Jaccard overlap of the character n-gram sets of `a` and `b` (lowercased, whitespace collapsed).
 

@@ -30,7 +30,7 @@ from .. import artifacts as art
 from ..config import EvolveStrategy, TaskConfig, TaskName
 from ..curriculum import NO_CATEGORY, allocate
 from ..errors import ConfigError
-from ..prompt_files import filter_rewrites, load_prompt_file
+from ..prompt_files import filter_rewrites, load_prompt_file, near_any
 from .answers import gold_answer
 from .free_text import FreeTextAnswers
 from .base import ProposeInput, TaskSets, by_category, frame, most_informative, prompt_rows
@@ -115,7 +115,11 @@ class FileTask(FreeTextAnswers):
 
 
     def paraphrases(self, questions: list[str], n: int, writer, existing: list[str]) -> tuple[list[list[str]], dict]:
-        """Up to `n` model-written paraphrases per question, filtered; and counts of what was dropped."""
+        """Up to `n` model-written paraphrases per question, filtered; and counts of what was dropped.
+
+        A paraphrase must keep every number of its question (math), differ from it, and not be a
+        near-duplicate of any of `existing` (the held-out questions: no paraphrase may carry one
+        into training)."""
         texts = writer(PARAPHRASE, questions, n)
         out, dropped = [], {}
         for q, cands in zip(questions, texts):
@@ -127,6 +131,11 @@ class FileTask(FreeTextAnswers):
                     dropped["changed_numbers"] = dropped.get("changed_numbers", 0) + len(lines) - len(ok)
                 lines = ok
             kept, why = filter_rewrites(lines, [q], self.cfg.max_prompt_chars, max_overlap=0.9)
+            if existing and kept:
+                leak = near_any(kept, existing)
+                if any(leak):
+                    why = {**why, "near_heldout": sum(leak)}
+                    kept = [k for k, bad in zip(kept, leak) if not bad]
             for k, v in why.items():
                 dropped[k] = dropped.get(k, 0) + v
             out.append(kept)
