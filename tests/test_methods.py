@@ -105,9 +105,11 @@ def test_instruction_prompt_file_loop_with_llm_judge(tmp_path, tiny_raw, monkeyp
     for it in ("it1", "it2", "it3"):
         m = art.read_json(tmp_path / "reports" / it / "metrics.json")
         assert "accuracy" not in m  # no answers, no accuracy
-        assert m["win_judged"] == 0 and m["parse_failure_rate"] == 1.0  # the tiny model cannot judge
         j = art.read_table(tmp_path / "data" / it / "judgments.parquet", art.JUDGMENTS)
         assert j["correct"].isna().all()
+        # the metric is what the judgments hold: the share of judge outputs that did not parse
+        asked = j["parse_rate"].dropna()
+        assert len(asked) and m["parse_failure_rate"] == pytest.approx(1 - asked.mean())
         assert j.loc[j["parse_rate"] == 0, "reward"].isna().all()  # unparsed: dropped, not scored
     summary = (tmp_path / "reports/summary.md").read_text()
     assert "win rate" in summary and "Reward-hacking alarm" in summary
