@@ -153,6 +153,9 @@ def test_every_file_a_stage_reads_is_declared_in_dvc_yaml(repo, tmp_path):
     one), or a folder above one (listing it); params.yaml is read for the keys dvc.yaml names."""
     from dvc.repo import Repo
 
+    probe = subprocess.run(["strace", "-f", "-qq", "-e", "trace=openat", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"strace cannot trace here: {probe.stderr.strip()[:200]}")
     work, env, _ = repo
     with Repo(str(work)) as dvc_repo:
         stages = {st.name: (st.cmd, [d.def_path for d in st.deps], [o.def_path for o in st.outs])
