@@ -5,11 +5,13 @@
 
 Each (judge, seed) runs `dvc exp run -n smol-<judge>-s<seed>` with the Makefile's SmolLM2 recipe
 (`make -s print-smol-recipe`), the judge and the seed, then copies its per-iteration metrics to
-`reports/smollm2/<judge>-s<seed>.json` and its summary and figures to `reports/smollm2/<judge>-s<seed>/`
-(experiment refs and DVC caches do not travel with a clone; these files do) and rebuilds `reports/smollm2/table.md` and `accuracy.png` (scripts/seeds.py):
-held-out and test-time accuracy per iteration as mean +- sd over the seeds that finished, the gain
-it0 -> last. A finished result is not run again unless --force. With SELF_IMPROVE_TIMINGS set, the stages' own timings are recorded
-beside each result, with the loop's wall time, for the orchestration share (benchmarks/real.py).
+`reports/smollm2/<judge>-s<seed>.json` and its summary and figures to
+`reports/smollm2/<judge>-s<seed>/` (experiment refs and DVC caches do not travel with a clone; these
+files do), and rebuilds `reports/smollm2/table.md` and `accuracy.png` (scripts/seeds.py): held-out
+and test-time accuracy per iteration as mean +- sd over the seeds that finished, the gain it0 ->
+last. A finished result is not run again unless --force. With SELF_IMPROVE_TIMINGS set, the stages'
+own timings are recorded beside each result, with the loop's wall time, for the orchestration
+share (benchmarks/real.py).
 """
 
 from __future__ import annotations

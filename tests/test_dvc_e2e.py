@@ -156,7 +156,10 @@ def test_every_file_a_stage_reads_is_declared_in_dvc_yaml(repo, tmp_path):
     probe = subprocess.run(["strace", "-f", "-qq", "-e", "trace=openat", "true"], capture_output=True, text=True)
     if probe.returncode != 0:
         pytest.skip(f"strace cannot trace here: {probe.stderr.strip()[:200]}")
-    work, env, _ = repo
+    # on a copy: rerunning stages here must not add MLflow runs or touch the shared workspace
+    work = tmp_path / "ws"
+    shutil.copytree(repo[0], work, symlinks=True)
+    env = {**repo[1], "MLFLOW_TRACKING_URI": f"sqlite:///{work}/mlflow.db"}
     with Repo(str(work)) as dvc_repo:
         stages = {st.name: (st.cmd, [d.def_path for d in st.deps], [o.def_path for o in st.outs])
                   for st in dvc_repo.index.stages}
@@ -252,14 +255,16 @@ def test_sigkill_anywhere_then_repro_gives_the_same_artifacts(repo, tmp_path):
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     refused = None
-    for marker, delay in (("'prepare'", 2.0), ("'sample@it1'", 1.0), ("'train@it2'", 3.0), ("'evaluate@it3'", 0.5)):
+    for marker, delay in (("'prepare'", 2.0), ("'sample@it1'", 1.0), ("'train@it2'", 1.0), ("'evaluate@it3'", 0.5)):
         proc = subprocess.Popen(["dvc", "repro"], cwd=kill, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        seen: list[str] = []
         for line in proc.stdout:
+            seen.append(line)
             if f"Running stage {marker}" in line:
                 break
         else:
-            pytest.fail(f"{marker} never started")
+            pytest.fail(f"{marker} never started:\n{''.join(seen)[-3000:]}")
         time.sleep(delay)
         if refused is None:
             refused = subprocess.run(["dvc", "repro"], cwd=kill, env=env, capture_output=True, text=True)
