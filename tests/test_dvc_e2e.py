@@ -239,8 +239,13 @@ def test_sigkill_anywhere_then_repro_gives_the_same_artifacts(repo, tmp_path):
     baseline = _outputs(work)
     kill = tmp_path / "kill"
     env = _env(kill)
-    # a clone: the same commit, hence the same provenance in every artifact
+    # a clone at the copy's first commit: the tracked dvc.lock and metrics of before the loop ran
+    # (a later commit in the copy, test_noop's, holds the finished loop's, which would let
+    # `dvc repro` skip stages whose outputs git already has)
     subprocess.run(["git", "clone", "-q", str(work), str(kill)], check=True)
+    root = subprocess.run(["git", "rev-list", "--max-parents=0", "HEAD"], cwd=kill, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    subprocess.run(["git", "reset", "-q", "--hard", root], cwd=kill, check=True)
     outs = [kill / "data" / f"it{i}" / n for i in range(4) for n in
             ("model", "prompts.parquet", "samples.parquet", "judgments.parquet", "pairs.parquet", "sft.parquet",
              "train_metrics.json")] + [kill / "data/task/heldout.parquet", kill / "data/task/ttt.parquet"]
