@@ -8,7 +8,7 @@ import statistics
 import pytest
 import torch
 
-from stages.lib.losses import cream_loss, dpo_loss, grpo_loss, ipo_loss, spin_loss
+from stages.lib.losses import cream_loss, dpo_loss, grpo_loss, ipo_loss, sft_loss, spin_loss, with_nll
 from stages.pairs import group_advantages
 
 F64 = torch.float64
@@ -37,13 +37,15 @@ def test_dpo_matches_formula():
     assert stats["reward_accuracy"].tolist() == [1.0, 0.0]
 
 
-def test_dpo_with_nll_matches_formula():
+def test_nll_term_matches_formula():
+    """Iterative RPO: DPO + w * mean(NLL of the chosen answer); w = 0 is the loss unchanged."""
     beta, w, nll = 0.5, 0.7, [1.2, 0.4]
-    loss, _ = dpo_loss(t(PC), t(PR), t(RC), t(RR), beta, chosen_nll=t(nll), nll_weight=w)
+    dpo, _ = dpo_loss(t(PC), t(PR), t(RC), t(RR), beta)
     expected = statistics.fmean(d + w * n for d, n in zip(dpo_by_hand(PC, PR, RC, RR, beta), nll))
-    assert loss.item() == pytest.approx(expected, rel=1e-12)
-    with pytest.raises(ValueError):
-        dpo_loss(t(PC), t(PR), t(RC), t(RR), beta, nll_weight=w)
+    assert with_nll(dpo, t(nll), w).item() == pytest.approx(expected, rel=1e-12)
+    assert with_nll(dpo, t(nll), 0.0) is dpo
+    with pytest.raises(ValueError, match="weight"):
+        with_nll(dpo, t(nll), -1.0)
 
 
 def test_dpo_prefers_chosen():
@@ -51,6 +53,16 @@ def test_dpo_prefers_chosen():
     chosen_up, _ = dpo_loss(t([-2.0]), t([-6.0]), ref, ref, 0.1)
     rejected_up, _ = dpo_loss(t([-6.0]), t([-2.0]), ref, ref, 0.1)
     assert chosen_up < rejected_up
+    good, bad = t([-1.0] * 3, grad=True), t([-5.0] * 3, grad=True)
+    loss, _ = dpo_loss(good, bad, t([0.0] * 3), t([0.0] * 3), 0.1)
+    loss.backward()
+    assert good.grad.lt(0).all() and bad.grad.gt(0).all()  # descent raises chosen, lowers rejected
+
+
+def test_sft_loss_is_token_mean():
+    logps = torch.tensor([[-1.0, -2.0, 0.0], [-3.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    assert sft_loss(logps, mask).item() == pytest.approx(2.0)
 
 
 @pytest.mark.parametrize("fn", [dpo_loss, ipo_loss, spin_loss])

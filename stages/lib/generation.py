@@ -247,8 +247,21 @@ def _align(per_position: torch.Tensor, batch: dict[str, torch.Tensor], s: int) -
 def token_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of the response tokens (B, R), response-aligned and 0 where masked, and the mask (B, R)."""
     logits, targets, s = _response_logits(model, batch)
-    logps = selective_log_softmax(logits, targets)
-    return _align(logps, batch, s)
+    return _align(selective_log_softmax(logits, targets), batch, s)
+
+
+@torch.no_grad()
+def response_scores(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: the summed log-prob of its response tokens (B,), token_logprobs's, and self-certainty
+    (B,) (Kang et al. 2025): the mean over those tokens of KL(Uniform || p) = -log V - mean_j log p_j,
+    where mean_j log p_j = log p(token) + mean_j logit_j - logit(token) (the logsumexp cancels)."""
+    logits, targets, s = _response_logits(model, batch)
+    logps, mask = _align(selective_log_softmax(logits, targets), batch, s)
+    offset = torch.stack([row.float().mean(-1) - row.float().gather(-1, t.unsqueeze(-1)).squeeze(-1)
+                          for row, t in zip(logits, targets)])
+    mean_logp = logps.float() + _align(offset, batch, s)[0]
+    kl = (-math.log(logits.shape[-1]) - mean_logp) * mask
+    return logps.float().sum(-1), kl.sum(-1) / mask.sum(-1).clamp(min=1)
 
 
 @dataclass(frozen=True)
@@ -304,16 +317,8 @@ def score(
     bar = tqdm(total=n, desc=desc, unit="seq", disable=not progress, mininterval=1.0)
     for idx in token_batches([len(r.ids) for r in rows], batch_size, budget):
         batch = {k: v.to(device) for k, v in collate([rows[i] for i in idx], pad).items()}
-        logits, targets, s = _response_logits(model, batch)
-        sums, certs = [], []
-        for j in range(len(idx)):  # one row's fp32 log-softmax at a time
-            logps = F.log_softmax(logits[j].float(), dim=-1)
-            start, length = int(batch["prompt_len"][j]) - 1 - s, int(batch["response_len"][j])
-            span = logps[start : start + length]
-            tgt = targets[j, start : start + length]
-            sums.append(span.gather(-1, tgt.unsqueeze(-1)).sum().item())
-            kl = -math.log(span.shape[-1]) - span.mean(-1)
-            certs.append((kl.sum() / max(1, length)).item())
+        sums, certs = response_scores(model, batch)
+        sums, certs = sums.tolist(), certs.tolist()
         for j, i in enumerate(idx):
             logp[i], count[i], certainty[i] = sums[j], rows[i].response_len, certs[j]
         processed += int(batch["attention_mask"].sum().item())

@@ -16,40 +16,6 @@ def sft_loss(token_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return -(token_logps * mask).sum() / mask.sum().clamp(min=1)
 
 
-def dpo_loss(
-    policy_chosen: torch.Tensor,
-    policy_rejected: torch.Tensor,
-    ref_chosen: torch.Tensor,
-    ref_rejected: torch.Tensor,
-    beta: float,
-    chosen_nll: torch.Tensor | None = None,
-    nll_weight: float = 0.0,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Sigmoid DPO (Rafailov et al. 2023), with the NLL term of iterative RPO (Pang et al. 2024).
-
-    loss = -log sigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r))) + nll_weight * nll_c
-
-    policy_chosen, policy_rejected, ref_chosen, ref_rejected: (B,) summed log-probs of each
-    response under the policy and the reference. chosen_nll: (B,) length-normalised NLL of the
-    chosen response under the policy (needed when nll_weight > 0).
-    Returns the mean loss (scalar) and detached diagnostics: implicit rewards (B,) and margins.
-    """
-    chosen_reward = beta * (policy_chosen - ref_chosen)
-    rejected_reward = beta * (policy_rejected - ref_rejected)
-    losses = -F.logsigmoid(chosen_reward - rejected_reward)
-    if nll_weight > 0:
-        if chosen_nll is None:
-            raise ValueError("dpo_loss: nll_weight > 0 needs chosen_nll")
-        losses = losses + nll_weight * chosen_nll
-    stats = {
-        "chosen_reward": chosen_reward.detach(),
-        "rejected_reward": rejected_reward.detach(),
-        "reward_margin": (chosen_reward - rejected_reward).detach(),
-        "reward_accuracy": (chosen_reward > rejected_reward).float().detach(),
-    }
-    return losses.mean(), stats
-
-
 def _pair_rewards(
     policy_chosen: torch.Tensor,
     policy_rejected: torch.Tensor,
@@ -57,7 +23,8 @@ def _pair_rewards(
     ref_rejected: torch.Tensor,
     beta: float,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    """Implicit rewards beta * (pi - ref) (B,) of both responses and their detached diagnostics."""
+    """Implicit rewards beta * (pi - ref) (B,) of both responses and their detached diagnostics:
+    chosen_reward, rejected_reward, reward_margin and reward_accuracy (B,), as TRL logs them."""
     chosen_reward = beta * (policy_chosen - ref_chosen)
     rejected_reward = beta * (policy_rejected - ref_rejected)
     stats = {
@@ -67,6 +34,39 @@ def _pair_rewards(
         "reward_accuracy": (chosen_reward > rejected_reward).float().detach(),
     }
     return chosen_reward, rejected_reward, stats
+
+
+def dpo_loss(
+    policy_chosen: torch.Tensor,
+    policy_rejected: torch.Tensor,
+    ref_chosen: torch.Tensor,
+    ref_rejected: torch.Tensor,
+    beta: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Sigmoid DPO (Rafailov et al. 2023).
+
+    loss = -log sigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r)))
+
+    policy_chosen, policy_rejected, ref_chosen, ref_rejected: (B,) summed log-probs of each
+    response under the policy and the reference.
+    Returns the mean loss (scalar) and detached diagnostics: implicit rewards (B,) and margins.
+    The NLL term of iterative RPO is `with_nll`, added by the caller for every algorithm alike.
+    """
+    chosen_reward, rejected_reward, stats = _pair_rewards(
+        policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta
+    )
+    return -F.logsigmoid(chosen_reward - rejected_reward).mean(), stats
+
+
+def with_nll(loss: torch.Tensor, chosen_nll: torch.Tensor, weight: float) -> torch.Tensor:
+    """Iterative RPO's NLL term (Pang et al. 2024): loss + weight * mean(chosen_nll).
+
+    loss: a preference loss (scalar, already a batch mean). chosen_nll: (B,) length-normalised
+    NLL of the chosen response under the policy. weight >= 0; 0 gives `loss` unchanged.
+    """
+    if weight < 0:
+        raise ValueError("with_nll: weight must be >= 0")
+    return loss + weight * chosen_nll.mean() if weight > 0 else loss
 
 
 def ipo_loss(

@@ -32,7 +32,7 @@ from .config import Algorithm
 from .errors import TrainingError
 from .chat import ChatFormat
 from .generation import Row, collate, encode_rows, pad_id, token_batches, token_logprobs
-from .losses import cream_loss, dpo_loss, grpo_loss, ipo_loss, sft_loss, spin_loss
+from .losses import cream_loss, dpo_loss, grpo_loss, ipo_loss, sft_loss, spin_loss, with_nll
 
 log = logging.getLogger(__name__)
 
@@ -403,21 +403,18 @@ def train_preference(
         if mean:
             pc, pr = pc / mc.sum(-1).clamp(min=1), pr / mr.sum(-1).clamp(min=1)
         rc, rr = ref_c_seq[idx].to(device), ref_r_seq[idx].to(device)
-        nll = -lc.sum(-1) / mc.sum(-1).clamp(min=1)
         if algorithm == Algorithm.dpo:
-            loss, stats = dpo_loss(pc, pr, rc, rr, beta, nll, nll_weight)
+            loss, stats = dpo_loss(pc, pr, rc, rr, beta)
         elif algorithm == Algorithm.ipo:
             loss, stats = ipo_loss(pc, pr, rc, rr, beta)
         elif algorithm == Algorithm.spin:
             loss, stats = spin_loss(pc, pr, rc, rr, beta)
-            if nll_weight > 0:
-                loss = loss + nll_weight * nll.mean()
         elif algorithm == Algorithm.cream:
             loss, stats = cream_loss(pc, pr, rc, rr, cons[idx].to(device), beta)
-            if nll_weight > 0:
-                loss = loss + nll_weight * nll.mean()
         else:
             raise ValueError(f"not a preference algorithm: {algorithm}")
+        if algorithm != Algorithm.ipo:  # IPO's squared loss has its own target margin; no NLL term
+            loss = with_nll(loss, -lc.sum(-1) / mc.sum(-1).clamp(min=1), nll_weight)
         return loss, {
             "reward_margin": stats["reward_margin"].mean().item(),
             "reward_accuracy": stats["reward_accuracy"].mean().item(),

@@ -15,7 +15,7 @@ import pandas as pd
 
 from ..config import TaskConfig
 from .answers import Extracted
-from .base import ProceduralTask, TaskSets, frame, prompt_rows
+from .base import ProceduralTask, TaskSets, frame, prompt_rows, seed_frame
 
 _ANSWER = re.compile(r"^\s*(-?\d+)")
 _PROMPT = re.compile(r"^(\d+)\+(\d+)=$")
@@ -75,12 +75,6 @@ def problems_frame(problems: list[Problem], source: str) -> pd.DataFrame:
     return out
 
 
-def seed_frame(problems: list[Problem]) -> pd.DataFrame:
-    return pd.DataFrame({"iteration": "it0", "prompt_id": [f"seed-{i:05d}" for i in range(len(problems))],
-                         "prompt": [p.prompt for p in problems], "response": [p.answer for p in problems],
-                         "reward": None, "correct": 1.0})
-
-
 class ArithmeticTask(ProceduralTask):
     """Two-operand addition over [min_operand, max_operand]."""
 
@@ -93,7 +87,7 @@ class ArithmeticTask(ProceduralTask):
 
     def sets(self, seed: int, train_size: int) -> TaskSets:
         heldout, ttt, train = self.split(seed, train_size)
-        return TaskSets(problems_frame(heldout, "heldout"), problems_frame(ttt, "ttt"), seed_frame(train))
+        return TaskSets(problems_frame(heldout, "heldout"), problems_frame(ttt, "ttt"), seed_frame([p.prompt for p in train], [p.answer for p in train]))
 
     def categories(self, sets: TaskSets) -> list[str]:
         return list(self.CATEGORIES)

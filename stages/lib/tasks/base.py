@@ -77,6 +77,12 @@ def frame(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=art.PROMPTS.names)
 
 
+def seed_frame(prompts: list[str], responses: list[str]) -> pd.DataFrame:
+    """SFT rows of the seed data (it0): each prompt with its known-good response."""
+    return pd.DataFrame({"iteration": "it0", "prompt_id": [f"seed-{i:05d}" for i in range(len(prompts))],
+                         "prompt": prompts, "response": responses, "reward": None, "correct": 1.0})
+
+
 def informativeness(judgments: pd.DataFrame) -> pd.Series:
     """Per problem (group): standard deviation of its self-judged rewards; NaN if unjudged."""
     if judgments.empty:

@@ -33,7 +33,7 @@ from ..errors import ConfigError
 from ..prompt_files import filter_rewrites, load_prompt_file, near_any
 from .answers import gold_answer
 from .free_text import FreeTextAnswers
-from .base import ProposeInput, TaskSets, by_category, frame, most_informative, prompt_rows
+from .base import ProposeInput, TaskSets, by_category, frame, most_informative, prompt_rows, seed_frame
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +105,7 @@ class FileTask(FreeTextAnswers):
         for df in (heldout, ttt):
             df["prompt_id"] = df["group_id"] + "/v0"
         solved = train[train["answer"].notna()]
-        seed_sft = pd.DataFrame({"iteration": "it0", "prompt_id": [f"seed-{i:05d}" for i in range(len(solved))],
-                                 "prompt": [self.show(p) for p in solved["prompt"]],
-                                 "response": list(solved["answer"]), "reward": None, "correct": 1.0})
+        seed_sft = seed_frame([self.show(p) for p in solved["prompt"]], list(solved["answer"]))
         return TaskSets(heldout, ttt, seed_sft)
 
     def categories(self, sets: TaskSets) -> list[str]:

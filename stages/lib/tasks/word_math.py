@@ -24,7 +24,7 @@ import pandas as pd
 from ..errors import ConfigError
 
 from .free_text import FreeTextAnswers
-from .base import ProceduralTask, TaskSets, frame, prompt_rows
+from .base import ProceduralTask, TaskSets, frame, prompt_rows, seed_frame
 
 NAMES = ("Sam", "Mia", "Leo", "Ava", "Noah", "Zoe", "Omar", "Lina", "Tom", "Ella", "Ravi", "Nora")
 ITEMS = ("apples", "stickers", "marbles", "books", "coins", "pencils", "cookies", "shells", "cards", "eggs")
@@ -308,9 +308,7 @@ class WordMathTask(FreeTextAnswers, ProceduralTask):
                 rows += prompt_rows("it0", f"{source}-{i:05d}", source, p.category, [(self.show(p.prompt), p.answer)])
             return frame(rows)
 
-        seed_sft = pd.DataFrame({"iteration": "it0", "prompt_id": [f"seed-{i:05d}" for i in range(len(train))],
-                                 "prompt": [self.show(p.prompt) for p in train],
-                                 "response": [p.solution for p in train], "reward": None, "correct": 1.0})
+        seed_sft = seed_frame([self.show(p.prompt) for p in train], [p.solution for p in train])
         return TaskSets(prompts(heldout, "heldout"), prompts(ttt, "ttt"), seed_sft)
 
     def categories(self, sets) -> list[str]:
