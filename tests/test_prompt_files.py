@@ -165,7 +165,9 @@ def test_valid_parquet_loads_with_numeric_answers(tmp_path):
 def test_repo_instructions_file_loads():
     path = ROOT / "data" / "instructions.jsonl"
     df, skipped = load_prompt_file(path)
-    assert skipped == {} and len(df) >= 30
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    assert skipped == {} and len(df) == len(lines) == 41
+    assert df["prompt"].iloc[0] == json.loads(lines[0])["prompt"]
     assert df["answer"].isna().all()
     assert set(df["category"]) <= {"explain", "list", "rewrite", "howto", "synonym"}
     assert len(set(df["category"])) >= 4

@@ -173,7 +173,9 @@ def test_pretrained_base_runs_every_stage_with_adapters_not_copies(pretrained_lo
     for it in ("it1", "it2", "it3"):
         m = art.read_json(work / "reports" / it / "metrics.json")
         assert m["num_pairs"] > 0 and m["train_steps"] > 0
-        assert 0.0 <= m["truncated_share"] <= 1.0 and 0.0 <= m["eval_truncated_share"] <= 1.0
+        judged = art.read_table(work / "data" / it / "judgments.parquet", art.JUDGMENTS)
+        assert m["truncated_share"] == pytest.approx(judged["truncated"].mean())
+        assert "eval_truncated_share" in m
         assert not list((work / "data" / it / "model").glob("*.safetensors"))
     samples = art.read_table(work / "data/it1/samples.parquet", art.SAMPLES)
     assert samples["truncated"].dtype == bool and samples["truncated"].any()

@@ -71,7 +71,9 @@ def test_one_iteration_on_smollm2(tmp_path, monkeypatch):
     assert samples["pred"].notna().mean() > 0.5  # and its answers are read (GSM8K, "the answer is", last number)
     m = art.read_json(tmp_path / "it1/metrics.json")
     assert {"accuracy", "ttt_accuracy", "eval_extract_failure_rate"} <= set(m)
-    assert m["num_pairs"] > 0 and m["train_steps"] >= 1 and 0 <= m["truncated_share"] <= 1
+    assert m["num_pairs"] > 0 and m["train_steps"] >= 1
+    judged = art.read_table(tmp_path / "it1/judgments.parquet", art.JUDGMENTS)
+    assert m["truncated_share"] == pytest.approx(judged["truncated"].mean())
     chain = json.loads((tmp_path / "it1/model/chain.json").read_text())
     assert chain["adapters"] == ["it1"]
     adapter = sum(f.stat().st_size for f in (tmp_path / "it1/model").rglob("*") if f.is_file())

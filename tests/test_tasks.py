@@ -243,7 +243,9 @@ def test_word_math_loop_with_co_reward_on_a_chat_model(tmp_path_factory, bpe_mod
     for it in ("it1", "it2", "it3"):
         m = art.read_json(work / "reports" / it / "metrics.json")
         assert m["rewrites_per_problem"] == 2.0
-        assert 0.0 <= m["extract_failure_rate"] <= 1.0 and "eval_extract_failure_rate" in m
+        judged = art.read_table(work / "data" / it / "judgments.parquet", art.JUDGMENTS)
+        assert m["extract_failure_rate"] == pytest.approx(judged["pred"].isna().mean())
+        assert "eval_extract_failure_rate" in m
 
 
 def test_math_file_loop_with_model_paraphrases_and_a_yes_logprob_judge(tmp_path_factory, bpe_model_dir):
@@ -265,7 +267,7 @@ def test_co_reward_on_a_math_file_asks_the_model_for_paraphrases(tmp_path_factor
     work = _loop(tmp_path_factory, bpe_model_dir, "gsm8k-co", {
         "task": GSM8K, "evolve": {"strategy": "fixed", "rewrites": 2}, "judge": {"method": "co_reward"}})
     prov = art.read_provenance(work / "data/it1/prompts.parquet")
-    assert prov["paraphrases_asked"] == 2 * 9 and 0 <= prov["paraphrases_kept"] <= prov["paraphrases_asked"]
+    assert prov["paraphrases_asked"] == 2 * 9
     prompts = art.read_table(work / "data/it1/prompts.parquet", art.PROMPTS)
     kept = (prompts["variant"] > 0).sum()
     assert kept == prov["paraphrases_kept"]
@@ -310,7 +312,6 @@ def test_score_logprob_is_the_expected_rubric_score(bpe_model_dir):
         p = next_token_probs(model, tok, [render(template, prompt, response)], [str(k) for k in range(1, 6)],
                              prefill="Score: ", progress=False)[0]
         assert got == pytest.approx(sum((k + 1) * pk for k, pk in enumerate(p)) / sum(p) / 5)
-        assert 0.2 <= got <= 1.0
 
 
 @pytest.mark.parametrize("section,value,message", [
