@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install loop seeds loop-smollm2 loops-smollm2 gap-smollm2 print-smol-recipe flow serve test test-slow smollm2 bench bench-real mlflow-ui clean-state
+.PHONY: install loop seeds loop-smollm2 loops-smollm2 gap-smollm2 print-smol-recipe flow serve test test-e2e test-slow smollm2 bench bench-real mlflow-ui clean-state
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -28,8 +28,11 @@ flow: install  ## the same loop as a Prefect flow: one task per stage, same DVC 
 serve: install  ## serve the loop as a deployment for the Prefect UI (needs PREFECT_API_URL of a running server)
 	$(PY) -m flows.serve
 
-test: install  ## the test suite (unit, in-process pipeline, real dvc repro on a tiny config)
+test: install  ## the default suite: units and the in-process pipeline on the tiny model (about 8 min)
 	$(PY) -m pytest
+
+test-e2e: install  ## real `dvc repro`, kills, bad params, MLflow and Prefect runs on a tiny config (about 14 min)
+	$(PY) -m pytest -m e2e
 
 test-slow: install  ## the real-model tests: a one-iteration loop on SmolLM2-135M-Instruct (run `make smollm2` first)
 	$(PY) -m pytest -m slow
