@@ -144,7 +144,7 @@ def _publish(workdir: Path, stage: str, rows: list[dict]) -> None:
     name, _, it = stage.partition("@")
     if name not in ("evaluate", "evaluate_base"):
         return
-    path = workdir / "reports" / (it or "it0") / "metrics.json"
+    path = workdir / "reports" / "iterations" / (it or "it0") / "metrics.json"
     metrics = json.loads(path.read_text(encoding="utf-8"))
     rows.append(metrics)
     create_markdown_artifact(markdown=_iteration_markdown(metrics), key=f"metrics-{it or 'it0'}",

@@ -12,19 +12,60 @@ judges them with the rubric (Self-Rewarding's llm_judge; ties count 1/2).
 from __future__ import annotations
 
 import argparse
+import hashlib
+from pathlib import Path
 
 import pandas as pd
 
 from .lib import artifacts as art
 from .lib.cli import derive_seed, run_stage
 from .lib.backends import HFSampler, Sampler, open_sampler
-from .lib.config import EvaluateConfig, JudgeConfig, JudgeMethod, JudgeMode, Params
+from .lib.config import ConfigError, EvaluateConfig, JudgeConfig, JudgeMethod, JudgeMode, Params
 from .lib.generation import SamplingSpec, generate
 from .lib.judges import REGISTRY, JudgeContext, ModelHandle, judge_quality, template_path, vote_label
 from .lib.models import load_model, set_threads
 from .lib.quality import auc_se, binomial_se, cluster_se, win_rate
 from .lib.rubric import load_template
 from .lib.tasks import Task, task_for
+
+
+EXAMPLES = 3  # best and worst judged samples kept per iteration
+PAIR_EXAMPLES = 5
+MIX = "mix_"  # metric prefix of the category mix: share of an iteration's prompts per category
+
+
+def category_mix(prompts: pd.DataFrame) -> dict[str, float]:
+    """Share of the iteration's prompts in each category (null category: "(none)")."""
+    if prompts.empty:
+        return {}
+    shares = prompts["category"].fillna("(none)").value_counts(normalize=True)
+    return {f"{MIX}{k}": float(v) for k, v in sorted(shares.items())}
+
+
+def judged_examples(judgments: pd.DataFrame, n: int = EXAMPLES) -> pd.DataFrame:
+    """The `n` best and `n` worst judged samples (no verdict: left out); ties by sample id."""
+    scored = judgments.dropna(subset=["reward"]).assign(reward=lambda d: d["reward"].astype(float))
+    best = scored.sort_values(["reward", "sample_id"], ascending=[False, True]).head(n).assign(rank="best")
+    worst = scored.sort_values(["reward", "sample_id"], ascending=[True, True]).head(n).assign(rank="worst")
+    cols = ["rank", "sample_id", "prompt", "response", "reward", "label", "correct"]
+    return pd.concat([best, worst])[cols].reset_index(drop=True)
+
+
+def pair_examples(pairs: pd.DataFrame, n: int = PAIR_EXAMPLES) -> pd.DataFrame:
+    cols = ["prompt_id", "prompt", "chosen", "rejected", "chosen_reward", "rejected_reward",
+            "chosen_correct", "rejected_correct"]
+    return pairs.sort_values("prompt_id").head(n)[cols].reset_index(drop=True)
+
+
+def records(df: pd.DataFrame) -> list[dict]:
+    """JSON rows: missing values as null, numbers as Python numbers."""
+    return df.astype(object).where(df.notna(), None).to_dict("records")
+
+
+def dataset_record(path: str, rows: pd.DataFrame) -> dict:
+    """What MLflow gets of an artifact it does not store: where it is, its bytes' md5 (DVC's
+    content hash of a file), and its row count."""
+    return {"source": path, "digest": hashlib.md5(Path(path).read_bytes()).hexdigest(), "rows": len(rows)}
 
 
 def accuracy(preds: list[str | None], answers: list[str], task: Task) -> float:
@@ -129,7 +170,9 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pairs", help="in: the iteration's pairs (not for it0)")
     p.add_argument("--sft", help="in: the iteration's best samples (not for it0)")
     p.add_argument("--prev-model", help="in: the previous model (prompt files: win rate against it)")
+    p.add_argument("--prompts", help="in: the iteration's prompts (not for it0)")
     p.add_argument("--out", required=True, help="out: metrics.json")
+    p.add_argument("--examples", help="out: examples.json, what the report shows of the iteration (not for it0)")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -152,17 +195,24 @@ def main(argv: list[str] | None = None) -> None:
                                         derive_seed(params.seed, "win-rate", args.iteration),
                                         params.model.max_length))
         train = art.read_json(args.train_metrics)
+        examples = None
         if args.judgments:
-            metrics.update(iteration_metrics(
-                art.read_table(args.judgments, art.JUDGMENTS),
-                art.read_table(args.pairs, art.PAIRS),
-                art.read_table(args.sft, art.SFT),
-                train,
-                REGISTRY[params.judge.method].verdict,
-                task,
-            ))
+            judgments = art.read_table(args.judgments, art.JUDGMENTS)
+            pairs = art.read_table(args.pairs, art.PAIRS)
+            metrics.update(iteration_metrics(judgments, pairs, art.read_table(args.sft, art.SFT), train,
+                                             REGISTRY[params.judge.method].verdict, task))
+            examples = {"judged": records(judged_examples(judgments)), "pairs": records(pair_examples(pairs)),
+                        "datasets": {"pairs": dataset_record(args.pairs, pairs)}}
+            if args.prompts:
+                prompts = art.read_table(args.prompts, art.PROMPTS)
+                metrics.update(category_mix(prompts))
+                examples["datasets"]["prompts"] = dataset_record(args.prompts, prompts)
         else:
             metrics.update({k: v for k, v in train.items() if isinstance(v, (int, float))})
+        if args.examples:
+            if examples is None:
+                raise ConfigError("evaluate: --examples needs the iteration's --judgments and --pairs")
+            art.write_json(examples, args.examples)
         art.write_json({k: v for k, v in metrics.items() if v is not None}, args.out)
 
     run_stage("evaluate", _args, body, argv)

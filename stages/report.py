@@ -2,7 +2,8 @@
 
 reports/summary.md (a table across iterations, the change from the base, the plots, and the best
 and worst judged samples of each iteration), PNG plots, and a per-iteration CSV that
-`dvc plots show` renders. Then one MLflow parent run for the loop (named after the DVC
+`dvc plots show` renders, from the evaluate stages' reports/iterations/<it>/ (it0 and every
+iteration in params.yaml's `loop`). Then one MLflow parent run for the loop (named after the DVC
 experiment or the Prefect flow run) with a child run per iteration: metrics at step = iteration,
 its prompts and pairs as dataset inputs, example tables, and the reports as artifacts.
 """
@@ -50,16 +51,10 @@ PLOTS = {
     "pairs.png": ("Training data per iteration", ["num_pairs", "num_sft"]),
     "length.png": ("Mean response length (characters)", ["response_length"]),
 }
-EXAMPLES = 3  # best and worst judged samples shown per iteration
-MIX = "mix_"  # column prefix of the category mix: share of an iteration's prompts per category
-
-
-def category_mix(prompts: pd.DataFrame) -> dict[str, float]:
-    """Share of the iteration's prompts in each category (null category: "(none)")."""
-    if prompts.empty:
-        return {}
-    shares = prompts["category"].fillna("(none)").value_counts(normalize=True)
-    return {f"{MIX}{k}": float(v) for k, v in sorted(shares.items())}
+MIX = "mix_"  # metric prefix of the category mix (evaluate.category_mix)
+JUDGED = ["rank", "sample_id", "prompt", "response", "reward", "label", "correct"]  # evaluate.judged_examples
+PAIRS = ["prompt_id", "prompt", "chosen", "rejected", "chosen_reward", "rejected_reward",
+         "chosen_correct", "rejected_correct"]  # evaluate.pair_examples
 
 
 def alarms(df: pd.DataFrame) -> list[str]:
@@ -71,15 +66,23 @@ def alarms(df: pd.DataFrame) -> list[str]:
     return reward_hacking_alarm(history)
 
 
-def load_metrics(paths: list[str], params: Params) -> pd.DataFrame:
-    rows = [art.read_json(p) for p in paths]
-    have = [r.get("iteration") for r in rows]
-    want = ["it0", *params.loop]
-    missing = [it for it in want if it not in have]
-    if missing:
-        raise ConfigError(f"report: no metrics given for {missing}; add reports/<it>/metrics.json to "
-                          "the report stage's deps and cmd in dvc.yaml")
-    return pd.DataFrame(rows).sort_values("step").reset_index(drop=True)
+def load_iterations(directory: str | Path, params: Params) -> tuple[pd.DataFrame, dict[str, dict]]:
+    """Metrics of it0 and of every iteration in `loop`, and the loop iterations' examples, from
+    <directory>/<it>/metrics.json and examples.json (the evaluate stages' outputs)."""
+    directory = Path(directory)
+    rows, examples = [], {}
+    for it in ["it0", *params.loop]:
+        path = directory / it / "metrics.json"
+        if not path.is_file():
+            raise ConfigError(f"report: {path} is missing; the evaluate stage of {it} writes it "
+                              f"(params.yaml loop has {list(params.loop)})")
+        row = art.read_json(path)
+        if row.get("iteration") != it:
+            raise ConfigError(f"report: {path} holds iteration {row.get('iteration')!r}, not {it!r}")
+        rows.append(row)
+        if it != "it0":
+            examples[it] = art.read_json(directory / it / "examples.json")
+    return pd.DataFrame(rows).sort_values("step").reset_index(drop=True), examples
 
 
 def _fmt(v) -> str:
@@ -88,21 +91,6 @@ def _fmt(v) -> str:
     if isinstance(v, float) and not float(v).is_integer():
         return f"{v:.3f}"
     return str(int(v)) if isinstance(v, float) else str(v)
-
-
-def examples(judgments: pd.DataFrame, n: int = EXAMPLES) -> pd.DataFrame:
-    """The `n` best and `n` worst judged samples (no verdict: left out); ties by sample id."""
-    scored = judgments.dropna(subset=["reward"]).assign(reward=lambda d: d["reward"].astype(float))
-    best = scored.sort_values(["reward", "sample_id"], ascending=[False, True]).head(n).assign(rank="best")
-    worst = scored.sort_values(["reward", "sample_id"], ascending=[True, True]).head(n).assign(rank="worst")
-    cols = ["rank", "sample_id", "prompt", "response", "reward", "label", "correct"]
-    return pd.concat([best, worst])[cols].reset_index(drop=True)
-
-
-def pair_examples(pairs: pd.DataFrame, n: int = 5) -> pd.DataFrame:
-    cols = ["prompt_id", "prompt", "chosen", "rejected", "chosen_reward", "rejected_reward",
-            "chosen_correct", "rejected_correct"]
-    return pairs.sort_values("prompt_id").head(n)[cols].reset_index(drop=True)
 
 
 def _cell(v) -> str:
@@ -212,10 +200,8 @@ def plot(df: pd.DataFrame, out_dir: Path) -> list[str]:
 
 
 def _args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--metrics", nargs="+", required=True, help="in: reports/<it>/metrics.json, it0 first")
-    p.add_argument("--prompts", nargs="*", default=[], help="in: data/<it>/prompts.parquet, it1 first")
-    p.add_argument("--judgments", nargs="*", default=[], help="in: data/<it>/judgments.parquet, it1 first")
-    p.add_argument("--pairs", nargs="*", default=[], help="in: data/<it>/pairs.parquet, it1 first")
+    p.add_argument("--iterations", required=True,
+                   help="in: the directory of <it>/metrics.json (it0 and each loop iteration) and <it>/examples.json")
     p.add_argument("--summary", required=True, help="out: markdown summary")
     p.add_argument("--figures", required=True, help="out: directory of PNG plots")
     p.add_argument("--table", required=True, help="out: per-iteration CSV for `dvc plots show`")
@@ -234,33 +220,13 @@ def run_identity() -> tuple[str, dict[str, str]]:
     return name, tags
 
 
-def _per_iteration(args: argparse.Namespace, params: Params) -> dict[str, dict[str, tuple[pd.DataFrame, str]]]:
-    """{iteration: {"prompts" | "judgments" | "pairs": (rows, path)}} for the loop's iterations."""
-    lists = {"prompts": (args.prompts, art.PROMPTS), "judgments": (args.judgments, art.JUDGMENTS),
-             "pairs": (args.pairs, art.PAIRS)}
-    its = list(params.loop)
-    out: dict[str, dict[str, tuple[pd.DataFrame, str]]] = {it: {} for it in its}
-    for kind, (paths, schema) in lists.items():
-        if paths and len(paths) != len(its):
-            raise ConfigError(f"report: {len(paths)} --{kind} files for {len(its)} iterations {its}; "
-                              "dvc.yaml's report stage must list one per iteration")
-        for it, path in zip(its, paths):
-            out[it][kind] = (art.read_table(path, schema), str(Path(path).resolve()))
-    return out
-
-
 def main(argv: list[str] | None = None) -> None:
     def body(args: argparse.Namespace, params: Params) -> None:
-        df = load_metrics(args.metrics, params)
-        data = _per_iteration(args, params)
-        mixes = {it: category_mix(d["prompts"][0]) for it, d in data.items() if "prompts" in d}
-        for it, mix in mixes.items():
-            for k, v in mix.items():
-                df.loc[df["iteration"] == it, k] = v
+        df, examples = load_iterations(args.iterations, params)
         alarm = alarms(df)
         for a in alarm:
             log.warning("REWARD-HACKING ALARM %s", a)
-        shown = {it: examples(d["judgments"][0]) for it, d in data.items() if "judgments" in d}
+        shown = {it: pd.DataFrame(ex["judged"], columns=JUDGED) for it, ex in examples.items()}
         figures = Path(args.figures)
         with art.atomic_path(figures, is_dir=True) as tmp:
             tmp.mkdir(parents=True, exist_ok=True)
@@ -280,16 +246,17 @@ def main(argv: list[str] | None = None) -> None:
         records = []
         for row in df.to_dict("records"):
             it = row["iteration"]
-            d = data.get(it, {})
+            ex = examples.get(it, {})
             tables = {f"examples/{it}_judged.json": shown[it]} if it in shown else {}
-            if "pairs" in d:
-                tables[f"examples/{it}_pairs.json"] = pair_examples(d["pairs"][0])
+            if "pairs" in ex:
+                tables[f"examples/{it}_pairs.json"] = pd.DataFrame(ex["pairs"], columns=PAIRS)
             records.append(IterationRecord(
                 iteration=it, step=int(row["step"]),
                 metrics={**{k: float(v) for k, v in row.items()
                             if isinstance(v, (int, float)) and v == v and k != "step"},
                          "reward_hacking_alarm": float(it in fired)},
-                datasets=[(kind, d[kind][0], d[kind][1]) for kind in ("prompts", "pairs") if kind in d],
+                datasets=[(kind, ex["datasets"][kind]) for kind in ("prompts", "pairs")
+                          if kind in ex.get("datasets", {})],
                 tables=tables,
             ))
         record = LoopRecord(name, flatten(params), tags, records,

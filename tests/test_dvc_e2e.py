@@ -55,7 +55,7 @@ def test_repro_runs_every_stage_and_writes_metrics(repo):
     metrics = json.loads(sh(["dvc", "metrics", "show", "--json"], work, env))
     data = next(iter(metrics.values()))["data"]
     for it in ("it0", "it1", "it2", "it3"):
-        m = data[f"reports/{it}/metrics.json"]["data"]
+        m = data[f"reports/iterations/{it}/metrics.json"]["data"]
         assert {"accuracy", "ttt_accuracy", "maj_accuracy"} <= set(m)
         if it != "it0":
             assert {"reward_mean", "judge_accuracy", "num_pairs"} <= set(m)
@@ -330,7 +330,7 @@ def test_experiment_with_override(repo):
     assert "k3" in names, shown
     # the experiment's results are in the workspace: `dvc metrics diff` against HEAD shows them
     diff = json.loads(sh(["dvc", "metrics", "diff", "--json"], work, env))
-    assert "num_samples" in diff["reports/it1/metrics.json"]  # k = 3 instead of 4
+    assert "num_samples" in diff["reports/iterations/it1/metrics.json"]  # k = 3 instead of 4
 
 
 @pytest.mark.skipif(chromium() is None, reason="headless Chromium not installed (apt-get install chromium)")

@@ -84,7 +84,7 @@ def test_flow_runs_every_stage_as_a_task(tmp_path, prefect_harness, monkeypatch)
     table = made["iterations"]["data"]
     assert made["iterations"]["type"] == "table" and len(json.loads(table) if isinstance(table, str) else table) == 4
     for it in ("it0", "it1", "it2", "it3"):
-        assert (tmp_path / "reports" / it / "metrics.json").is_file()
+        assert (tmp_path / "reports" / "iterations" / it / "metrics.json").is_file()
     # the flow and `dvc repro` share one cache: nothing is left to do
     out = subprocess.run([sys.executable, "-m", "dvc", "status"], cwd=tmp_path, capture_output=True, text=True,
                          env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})

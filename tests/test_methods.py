@@ -37,7 +37,7 @@ def _read(root, it, name, schema):
 
 def test_every_method_runs_the_loop(variant_run):
     name, root = variant_run
-    metrics = {it: art.read_json(root / "reports" / it / "metrics.json") for it in ("it1", "it2", "it3")}
+    metrics = {it: art.read_json(root / "reports" / "iterations" / it / "metrics.json") for it in ("it1", "it2", "it3")}
     assert all("accuracy" in m and "judged_share" in m for m in metrics.values())
     j1 = _read(root, "it1", "judgments", art.JUDGMENTS)
     j2 = _read(root, "it2", "judgments", art.JUDGMENTS)
@@ -103,7 +103,7 @@ def test_instruction_prompt_file_loop_with_llm_judge(tmp_path, tiny_raw, monkeyp
     prompts = art.read_table(tmp_path / "data/it1/prompts.parquet", art.PROMPTS)
     assert set(prompts["prompt"]) == set(ttt["prompt"])  # it1: nothing judged yet to evolve from
     for it in ("it1", "it2", "it3"):
-        m = art.read_json(tmp_path / "reports" / it / "metrics.json")
+        m = art.read_json(tmp_path / "reports" / "iterations" / it / "metrics.json")
         assert "accuracy" not in m  # no answers, no accuracy
         j = art.read_table(tmp_path / "data" / it / "judgments.parquet", art.JUDGMENTS)
         assert j["correct"].isna().all()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -36,7 +37,7 @@ def run_all(workdir: Path, params: Path, monkeypatch) -> None:
 def test_whole_loop_in_process(tmp_path, tiny_params_file, monkeypatch, capsys):
     run_all(tmp_path, tiny_params_file, monkeypatch)
     for it in ("it0", "it1", "it2", "it3"):
-        m = art.read_json(tmp_path / "reports" / it / "metrics.json")
+        m = art.read_json(tmp_path / "reports" / "iterations" / it / "metrics.json")
         # each accuracy is a count of right answers over the set's problems, with its binomial s.e.
         for key, n in (("accuracy", "heldout_n"), ("ttt_accuracy", "ttt_n"), ("maj_accuracy", "heldout_n")):
             right = m[key] * m[n]
@@ -57,6 +58,17 @@ def test_whole_loop_in_process(tmp_path, tiny_params_file, monkeypatch, capsys):
     assert prov["stage"] == "judge" and prov["params"]["judge"]["method"] == "co_reward"
     summary = (tmp_path / "reports/summary.md").read_text()
     assert "| it3 |" in summary
+    # the report's examples and category mix come from each evaluate stage's files
+    judged = art.read_table(tmp_path / "data/it3/judgments.parquet", art.JUDGMENTS).dropna(subset=["reward"])
+    ex = art.read_json(tmp_path / "reports/iterations/it3/examples.json")
+    assert ex["judged"][0]["reward"] == judged["reward"].max() and ex["judged"][-1]["reward"] == judged["reward"].min()
+    assert ex["judged"][0]["response"] in summary.split("### it3")[1]
+    assert ex["datasets"]["prompts"]["rows"] == len(art.read_table(tmp_path / "data/it3/prompts.parquet", art.PROMPTS))
+    m3 = art.read_json(tmp_path / "reports/iterations/it3/metrics.json")
+    mix = {k: v for k, v in m3.items() if k.startswith("mix_")}
+    assert sum(mix.values()) == pytest.approx(1.0) and len(mix) >= 2
+    table = pd.read_csv(tmp_path / "reports/iterations.csv")
+    assert table.loc[table["iteration"] == "it3", list(mix)].iloc[0].tolist() == pytest.approx(list(mix.values()))
     assert all((tmp_path / "reports/figures" / f).stat().st_size > 1000
                for f in ("accuracy.png", "judge.png", "reward.png"))
 

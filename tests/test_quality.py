@@ -177,13 +177,14 @@ def _report(tmp_path, history, capsys):
     from .conftest import TINY
 
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(TINY))
-    paths = []
     for step, m in enumerate(history):
-        p = tmp_path / f"it{step}.json"
-        p.write_text(json.dumps({"iteration": f"it{step}", "step": step, **m}))
-        paths.append(str(p))
-    report.main(["--params", str(tmp_path / "params.yaml"), "--metrics", *paths, "--summary",
-                 str(tmp_path / "summary.md"), "--figures", str(tmp_path / "fig"), "--table", str(tmp_path / "t.csv")])
+        d = tmp_path / "iterations" / f"it{step}"
+        d.mkdir(parents=True)
+        (d / "metrics.json").write_text(json.dumps({"iteration": f"it{step}", "step": step, **m}))
+        (d / "examples.json").write_text(json.dumps({"judged": [], "pairs": [], "datasets": {}}))
+    report.main(["--params", str(tmp_path / "params.yaml"), "--iterations", str(tmp_path / "iterations"),
+                 "--summary", str(tmp_path / "summary.md"), "--figures", str(tmp_path / "fig"),
+                 "--table", str(tmp_path / "t.csv")])
     return (tmp_path / "summary.md").read_text(), capsys.readouterr().out
 
 

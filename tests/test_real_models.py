@@ -171,7 +171,7 @@ def test_pretrained_base_runs_every_stage_with_adapters_not_copies(pretrained_lo
     assert adapter["base_model_name_or_path"] is None
     assert adapter["target_modules"] == sorted(adapter["target_modules"])
     for it in ("it1", "it2", "it3"):
-        m = art.read_json(work / "reports" / it / "metrics.json")
+        m = art.read_json(work / "reports" / "iterations" / it / "metrics.json")
         assert m["num_pairs"] > 0 and m["train_steps"] > 0
         judged = art.read_table(work / "data" / it / "judgments.parquet", art.JUDGMENTS)
         assert m["truncated_share"] == pytest.approx(judged["truncated"].mean())

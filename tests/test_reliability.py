@@ -251,9 +251,14 @@ def test_an_iteration_without_pairs_or_verdicts_is_still_logged(tmp_path):
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     empty = art.empty_table(art.PAIRS)
-    it = IterationRecord("it1", 1, {"parse_failure_rate": 1.0}, datasets=[("pairs", empty, str(tmp_path / "p"))],
+    meta = {"source": "pairs.parquet", "digest": "0" * 32, "rows": 0}
+    it = IterationRecord("it1", 1, {"parse_failure_rate": 1.0}, datasets=[("pairs", meta)],
                          tables={"examples/it1_pairs.json": empty})
     MlflowTracker("empty", uri).log_loop(LoopRecord("loop", {"seed": 0}, {}, [it]))
     client = MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("empty").experiment_id])
     assert len(runs) == 2
+    child = next(r for r in runs if r.data.tags.get("mlflow.parentRunId"))
+    [ds] = child.inputs.dataset_inputs
+    assert (ds.dataset.name, ds.dataset.digest) == ("it1-pairs", "0" * 32)
+    assert {t.key: t.value for t in ds.tags}["rows"] == "0"

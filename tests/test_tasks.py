@@ -241,7 +241,7 @@ def test_word_math_loop_with_co_reward_on_a_chat_model(tmp_path_factory, bpe_mod
     samples = art.read_table(work / "data/it1/samples.parquet", art.SAMPLES)
     assert set(samples["pred_form"].dropna()) <= {"gsm8k", "answer_is", "boxed", "last_number"}
     for it in ("it1", "it2", "it3"):
-        m = art.read_json(work / "reports" / it / "metrics.json")
+        m = art.read_json(work / "reports" / "iterations" / it / "metrics.json")
         assert m["rewrites_per_problem"] == 2.0
         judged = art.read_table(work / "data" / it / "judgments.parquet", art.JUDGMENTS)
         assert m["extract_failure_rate"] == pytest.approx(judged["pred"].isna().mean())
@@ -258,7 +258,7 @@ def test_math_file_loop_with_model_paraphrases_and_a_yes_logprob_judge(tmp_path_
     # nothing to parse: a verdict for every judgment that fits the context (max_length 256 here)
     scored = judged["reward"].dropna()
     assert len(scored) >= 0.75 * len(judged) and scored.between(0, 1).all() and judged["parse_rate"].isna().all()
-    m = art.read_json(work / "reports/it1/metrics.json")
+    m = art.read_json(work / "reports/iterations/it1/metrics.json")
     assert "judge_auc" in m or judged["correct"].nunique() < 2
     assert "accuracy" in m and "win_rate" not in m  # answers: accuracy, not a rubric win rate
 

@@ -36,7 +36,8 @@ class IterationRecord:
     iteration: str
     step: int
     metrics: dict[str, float]
-    datasets: list[tuple[str, pd.DataFrame, str]] = field(default_factory=list)  # (context, rows, source path)
+    # (context, {"source": path, "digest": md5 of its bytes, "rows": n}): the artifact stays in DVC
+    datasets: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # artifact file -> rows
 
 
@@ -82,6 +83,7 @@ class MlflowTracker:
         """Parent run with every metric at step = iteration; a child run per iteration with its
         prompts and pairs as dataset inputs and its example tables; the reports as artifacts."""
         import mlflow
+        from mlflow.data.meta_dataset import MetaDataset
 
         mlflow.set_tracking_uri(self.uri)
         mlflow.set_experiment(self.experiment)
@@ -93,11 +95,10 @@ class MlflowTracker:
                                       tags={**record.tags, "iteration": it.iteration}):
                     mlflow.log_params({"iteration": it.iteration, "step": it.step})
                     mlflow.log_metrics(it.metrics, step=it.step)
-                    for context, rows, source in it.datasets:
-                        # an empty frame of arrow strings trips MLflow's schema inference
-                        rows = rows if len(rows) else rows.astype(object)
-                        ds = mlflow.data.from_pandas(rows, source=source, name=f"{it.iteration}-{context}")
-                        mlflow.log_input(ds, context=context)
+                    for context, meta in it.datasets:
+                        ds = MetaDataset(_source(meta["source"]), name=f"{it.iteration}-{context}",
+                                         digest=meta["digest"][:36])
+                        mlflow.log_input(ds, context=context, tags={"rows": str(meta["rows"])})
                     for name, rows in it.tables.items():
                         rows = rows if len(rows) else rows.astype(object)
                         mlflow.log_table(rows, artifact_file=name)
@@ -108,6 +109,14 @@ class MlflowTracker:
                 elif path.is_file():
                     mlflow.log_artifact(str(path))
             return parent.info.run_id
+
+
+def _source(path: str):
+    """MLflow's record of a local file: its absolute path, as a local artifact source."""
+    from mlflow.data.dataset_source_registry import get_registered_sources
+
+    local = next(c for c in get_registered_sources() if c.__name__ == "LocalArtifactDatasetSource")
+    return local(str(Path(path).resolve()))
 
 
 def make_tracker(cfg: TrackingConfig) -> Tracker:
