@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install loop seeds loop-smollm2 loops-smollm2 gap-smollm2 print-smol-recipe flow serve test test-e2e test-slow smollm2 bench bench-real mlflow-ui clean-state
+.PHONY: install loop seeds variants loop-smollm2 loops-smollm2 gap-smollm2 print-smol-recipe flow serve test test-e2e test-slow smollm2 bench bench-real mlflow-ui clean-state
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -21,6 +21,9 @@ loop: install  ## run the whole loop: base model, then iterations it1..it3
 
 seeds: install  ## a variant over seeds as DVC experiments, mean +- sd to reports/seeds/ (NAME=default SEEDS="0 1 2" ARGS="-S train.algorithm=dpo")
 	$(PY) -m scripts.seeds --name $(or $(NAME),default) --seeds $(or $(SEEDS),0 1 2) $(ARGS)
+
+variants: install  ## every README comparison (scripts/variants.yaml) over seeds, to reports/seeds/ (SEEDS="0 1 2")
+	$(PY) -m scripts.seeds --variants scripts/variants.yaml --seeds $(or $(SEEDS),0 1 2)
 
 flow: install  ## the same loop as a Prefect flow: one task per stage, same DVC cache
 	$(PY) -m flows.loop

@@ -2,6 +2,7 @@
 
     python -m scripts.seeds --name default --seeds 0 1 2
     python -m scripts.seeds --name dpo --seeds 0 1 2 -S train.algorithm=dpo
+    python -m scripts.seeds --variants scripts/variants.yaml --seeds 0 1 2   # every README comparison
     python -m scripts.seeds --table          # only rebuild the table and plot from kept results
 
 One run cannot tell two variants apart: the same seed trains a different tiny base model on another
@@ -178,24 +179,43 @@ def write_reports(out: Path, root: Path = ROOT) -> str:
     return text
 
 
+def load_variants(path: Path) -> dict[str, list[str]]:
+    """{name: [`key=value` override, ...]} from a YAML file; a malformed entry is refused by name."""
+    raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, dict):
+        raise SystemExit(f"{path}: expected a mapping of variant name -> list of overrides")
+    for name, overrides in raw.items():
+        if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o for o in overrides):
+            raise SystemExit(f"{path}: variant {name!r}: expected a list of key=value overrides, got {overrides!r}")
+    return {str(k): v for k, v in raw.items()}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--name", help="the variant's name (experiments are <name>-s<seed>)")
     ap.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
     ap.add_argument("-S", "--set-param", dest="params", action="append", default=[],
                     help="a params override, as `dvc exp run -S` takes it (repeatable)")
+    ap.add_argument("--variants", type=Path,
+                    help="a YAML file of {name: [override, ...]}: run each (a first seed of every variant "
+                         "before a second of any)")
     ap.add_argument("--out", type=Path, default=OUT, help=f"where results are kept (default {OUT.relative_to(ROOT)})")
     ap.add_argument("--force", action="store_true", help="run again even if a result exists")
     ap.add_argument("--table", action="store_true", help="only rebuild the table and the plot")
     args = ap.parse_args(argv)
     if not args.table:
-        if not args.name:
-            ap.error("--name is needed to run a variant")
+        if args.variants:
+            variants = load_variants(args.variants)
+        elif args.name:
+            variants = {args.name: args.params}
+        else:
+            ap.error("--name (or --variants) is needed to run a variant")
         for seed in args.seeds:
-            overrides = [x for p in args.params for x in ("-S", p)] + ["-S", f"seed={seed}"]
-            run_experiment(f"{args.name}-s{seed}", overrides, args.out / args.name / f"s{seed}.json",
-                           force=args.force, extra={"variant": args.name, "seed": seed, "overrides": args.params})
-            write_reports(args.out)
+            for name, params in variants.items():
+                overrides = [x for p in params for x in ("-S", p)] + ["-S", f"seed={seed}"]
+                run_experiment(f"{name}-s{seed}", overrides, args.out / name / f"s{seed}.json",
+                               force=args.force, extra={"variant": name, "seed": seed, "overrides": params})
+                write_reports(args.out)
     print(write_reports(args.out))
 
 

@@ -1,0 +1,57 @@
+"""The seeds runner's inputs and its table, without running a loop."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from scripts.seeds import ROOT, load_variants, mean_sd, table
+from stages.lib.config import ConfigError, parse_params
+
+
+def _override(raw: dict, item: str) -> dict:
+    key, _, value = item.partition("=")
+    *path, last = key.split(".")
+    node = raw
+    for part in path:
+        node = node[part]
+    assert last in node, f"{item}: params.yaml has no {key}"
+    node[last] = yaml.safe_load(value)
+    return raw
+
+
+def test_every_shipped_variant_sets_existing_params_to_valid_values():
+    variants = load_variants(ROOT / "scripts" / "variants.yaml")
+    assert {"default", "judge-verifier", "algo-ipo", "algo-spin-nll0", "evolve-fixed"} <= set(variants)
+    for name, overrides in variants.items():
+        raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+        for item in overrides:
+            raw = _override(raw, item)
+        params = parse_params(raw, f"variant {name}")
+        for item in overrides:  # the value took: the variant runs what its name says
+            key, _, value = item.partition("=")
+            got = params
+            for part in key.split("."):
+                got = getattr(got, part)
+            assert getattr(got, "value", got) == yaml.safe_load(value), item
+    with pytest.raises(ConfigError, match="train.beta"):
+        parse_params(_override(yaml.safe_load((ROOT / "params.yaml").read_text()), "train.beta=0"))
+
+
+def test_a_malformed_variants_file_is_refused_naming_the_variant(tmp_path):
+    bad = tmp_path / "v.yaml"
+    bad.write_text("ok: [seed=1]\nbroken: judge.method=verifier\n")
+    with pytest.raises(SystemExit, match="variant 'broken'"):
+        load_variants(bad)
+
+
+def test_table_gives_mean_sd_and_per_seed_values():
+    runs = [{"seed": s, "metrics": {"it0": {"accuracy": a0, "ttt_accuracy": a0},
+                                    "it1": {"accuracy": a1, "ttt_accuracy": a1, "judge_auc": 0.7}}}
+            for s, (a0, a1) in enumerate([(0.4, 0.5), (0.4, 0.7)])]
+    text = table({"v": runs}, ["it0", "it1"])
+    row = text.splitlines()[2]
+    assert row.startswith("| v | 0, 1 | 0.400 +- 0.000") and "0.600 +- 0.141 (0.50, 0.70)" in row
+    assert "0.200 +- 0.141 (0.10, 0.30)" in row  # the gain it0 -> it1
+    assert "n/a (no s.e. recorded)" in row
+    assert mean_sd([0.5]) == "0.500 (1 seed)"
