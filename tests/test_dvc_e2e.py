@@ -423,3 +423,62 @@ def test_served_deployment_triggered_with_an_override(repo, prefect_server):
     out = work / "reports" / "prefect_flow_run.png"
     browse(chromium(), url, f"--screenshot={out}")
     assert out.read_bytes().startswith(b"\x89PNG") and out.stat().st_size > 10_000
+
+
+@pytest.fixture
+def s3_endpoint():
+    """moto's S3 server on a loopback port, with a bucket and credentials it accepts."""
+    boto3 = pytest.importorskip("boto3")
+    server_mod = pytest.importorskip("moto.server")
+    port = free_port()
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    boto3.client("s3", endpoint_url=url, aws_access_key_id="testing", aws_secret_access_key="testing",
+                 region_name="us-east-1").create_bucket(Bucket="loops")
+    yield url, creds
+    server.stop()
+
+
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_a_team_shares_artifacts_and_experiments_through_a_dvc_remote(repo, tmp_path, kind, request):
+    """Clone A (the finished loop) pushes its artifacts to a DVC remote and an experiment to a shared
+    git remote; a fresh clone B pulls them: `dvc repro` in B runs nothing, its artifacts are A's
+    bytes, and B lists and applies A's experiment."""
+    a, b, origin = tmp_path / "a", tmp_path / "b", tmp_path / "origin.git"
+    shutil.copytree(repo[0], a, symlinks=True)
+    env = {**repo[1], "MLFLOW_TRACKING_URI": f"sqlite:///{a}/mlflow.db"}
+    if kind == "local":
+        sh(["dvc", "remote", "add", "-d", "team", str(tmp_path / "store")], a, env)
+    else:
+        url, creds = request.getfixturevalue("s3_endpoint")
+        env.update(creds)
+        sh(["dvc", "remote", "add", "-d", "team", "s3://loops/cache"], a, env)
+        sh(["dvc", "remote", "modify", "team", "endpointurl", url], a, env)
+    git_env = {**env, **GIT_ENV}
+    sh(["git", "add", "-A"], a, git_env)
+    sh(["git", "commit", "-qm", "the loop's dvc.lock and metrics, and the team's remote"], a, git_env)
+    sh(["git", "init", "-q", "--bare", "-b", "main", str(origin)], tmp_path, git_env)
+    sh(["git", "remote", "add", "origin", str(origin)], a, git_env)
+    sh(["git", "push", "-q", "origin", "main"], a, git_env)
+    pushed = sh(["dvc", "push"], a, env)
+    assert "pushed" in pushed
+    # an experiment that reruns only the report, shared through git (its ref) and the DVC remote
+    sh(["dvc", "exp", "run", "-n", "quiet-report", "-S", "tracking.enabled=false"], a, env)
+    sh(["dvc", "exp", "push", "origin", "quiet-report"], a, env)
+
+    sh(["git", "clone", "-q", str(origin), str(b)], tmp_path, git_env)
+    env_b = {**env, "MLFLOW_TRACKING_URI": f"sqlite:///{b}/mlflow.db"}
+    sh(["dvc", "pull"], b, env_b)
+    out = sh(["dvc", "repro"], b, env_b)
+    assert "Running stage" not in out and "up to date" in out, out
+    assert json.loads(sh(["dvc", "status", "--json"], b, env_b)) == {}
+    mine, theirs = _outputs(b), _outputs(a)
+    assert [k for k in theirs if k.startswith("data/") and mine.get(k) != theirs[k]] == []
+    sh(["dvc", "exp", "pull", "origin", "quiet-report"], b, env_b)
+    shown = json.loads(sh(["dvc", "exp", "show", "--json"], b, env_b))
+    names = [e.get("name") for br in shown for e in (br.get("experiments") or []) for e in e.get("revs", [])]
+    assert "quiet-report" in names, shown
+    sh(["dvc", "exp", "apply", "quiet-report"], b, env_b)
+    assert yaml.safe_load((b / "params.yaml").read_text())["tracking"]["enabled"] is False
