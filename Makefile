@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install loop seeds variants loop-smollm2 loops-smollm2 gap-smollm2 print-smol-recipe flow serve test test-e2e test-slow smollm2 bench bench-real mlflow-ui clean-state
+.PHONY: install loop seeds variants loop-smollm2 loops-smollm2 gap-smollm2 print-smol-recipe flow serve test test-e2e test-slow smollm2 bench bench-real mlflow-ui mlflow-server mlflow-resend clean-state
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -82,6 +82,15 @@ bench-real: smollm2  ## the same on SmolLM2-135M-Instruct: sampling, scoring, tr
 
 mlflow-ui: install  ## the MLflow UI on this repo's store: http://127.0.0.1:5000
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000
+
+mlflow-server: install  ## an MLflow tracking server for a team (SQLite store, artifacts it serves): export MLFLOW_TRACKING_URI=http://HOST:5000
+	$(VENV)/bin/mlflow server --backend-store-uri $(or $(BACKEND),sqlite:///$(CURDIR)/mlflow-server.db) \
+		--artifacts-destination $(or $(ARTIFACTS),$(CURDIR)/mlartifacts) --serve-artifacts \
+		--host $(or $(HOST),127.0.0.1) --port $(or $(PORT),5000)
+
+mlflow-resend: install  ## log the last loop to MLflow again (after the server was down), from its outputs
+	$(PY) -m stages.report --iterations reports/iterations --summary reports/summary.md \
+		--figures reports/figures --table reports/iterations.csv --resend
 
 clean-state:  ## remove generated state (data, MLflow store); DVC's cache stays
 	rm -rf data/it* data/task mlflow.db mlruns mlartifacts

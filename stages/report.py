@@ -21,8 +21,9 @@ import pandas as pd
 from .lib import artifacts as art
 from .lib.cli import note_timing, run_stage
 from .lib.config import ConfigError, Params, flatten
+from .lib.errors import PipelineError
 from .lib.quality import JUDGE_KEYS, POLICY_KEYS, reward_hacking_alarm
-from .lib.tracking import IterationRecord, LoopRecord, make_tracker
+from .lib.tracking import IterationRecord, LoopRecord, NoOpTracker, make_tracker
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +206,9 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--summary", required=True, help="out: markdown summary")
     p.add_argument("--figures", required=True, help="out: directory of PNG plots")
     p.add_argument("--table", required=True, help="out: per-iteration CSV for `dvc plots show`")
+    p.add_argument("--resend", action="store_true",
+                   help="only log the loop to MLflow again, from the outputs already written (after a "
+                        "tracking failure); nothing is rewritten")
 
 
 def run_identity() -> tuple[str, dict[str, str]]:
@@ -228,16 +232,21 @@ def main(argv: list[str] | None = None) -> None:
             log.warning("REWARD-HACKING ALARM %s", a)
         shown = {it: pd.DataFrame(ex["judged"], columns=JUDGED) for it, ex in examples.items()}
         figures = Path(args.figures)
-        with art.atomic_path(figures, is_dir=True) as tmp:
-            tmp.mkdir(parents=True, exist_ok=True)
-            names = plot(df, tmp)
-        rel = [os.path.relpath(figures / n, Path(args.summary).parent) for n in names]
-        with art.atomic_path(args.summary) as tmp:
-            tmp.write_text(summary_markdown(df, params, rel, shown, alarm), encoding="utf-8")
-        keep = ["iteration", "step"] + [k for k, _ in COLUMNS if k in df.columns]
-        keep += sorted(k for k in df.columns if k.startswith(MIX))
-        with art.atomic_path(args.table) as tmp:
-            df[keep].to_csv(tmp, index=False)
+        if args.resend:
+            missing = [str(p) for p in (Path(args.summary), figures, Path(args.table)) if not p.exists()]
+            if missing:
+                raise ConfigError(f"report --resend: {missing} missing; run the report first (dvc repro)")
+        else:
+            with art.atomic_path(figures, is_dir=True) as tmp:
+                tmp.mkdir(parents=True, exist_ok=True)
+                names = plot(df, tmp)
+            rel = [os.path.relpath(figures / n, Path(args.summary).parent) for n in names]
+            with art.atomic_path(args.summary) as tmp:
+                tmp.write_text(summary_markdown(df, params, rel, shown, alarm), encoding="utf-8")
+            keep = ["iteration", "step"] + [k for k, _ in COLUMNS if k in df.columns]
+            keep += sorted(k for k in df.columns if k.startswith(MIX))
+            with art.atomic_path(args.table) as tmp:
+                df[keep].to_csv(tmp, index=False)
 
         started = time.perf_counter()
         name, tags = run_identity()
@@ -261,10 +270,17 @@ def main(argv: list[str] | None = None) -> None:
             ))
         record = LoopRecord(name, flatten(params), tags, records,
                             [Path(args.summary), figures, Path(args.table)])
-        run_id = make_tracker(params.tracking).log_loop(record)
+        tracker = make_tracker(params.tracking)
+        if args.resend and isinstance(tracker, NoOpTracker):
+            raise ConfigError("report --resend: tracking is off (params tracking.enabled, or SELF_IMPROVE_TRACKING=0)")
+        run_id = tracker.log_loop(record)
         note_timing("tracking_seconds", time.perf_counter() - started)
         if run_id:
             log.info("MLflow parent run %s (%s)", run_id, name)
+        if args.resend:
+            if not run_id:
+                raise PipelineError("report --resend: MLflow tracking failed again (see above)")
+            return
         print(Path(args.summary).read_text())
         if alarm:  # last, so it is what `dvc repro` ends on
             print("REWARD-HACKING ALARM:\n" + "\n".join(f"  {a}" for a in alarm))

@@ -482,3 +482,60 @@ def test_a_team_shares_artifacts_and_experiments_through_a_dvc_remote(repo, tmp_
     assert "quiet-report" in names, shown
     sh(["dvc", "exp", "apply", "quiet-report"], b, env_b)
     assert yaml.safe_load((b / "params.yaml").read_text())["tracking"]["enabled"] is False
+
+
+def _api(base: str, path: str, body: dict | None = None) -> dict:
+    """MLflow's REST API, read over HTTP as any client would."""
+    import urllib.request
+
+    req = urllib.request.Request(base + path, data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def test_the_report_logs_to_a_tracking_server_and_survives_it_being_down(repo, tmp_path):
+    """With the server down the report stage still succeeds (a warning says how to re-send); once
+    `mlflow server` is up, `--resend` logs the loop there: runs and artifacts read back over HTTP."""
+    from mlflow.tracking import MlflowClient
+
+    work = tmp_path / "ws"
+    shutil.copytree(repo[0], work, symlinks=True)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {**repo[1], "MLFLOW_TRACKING_URI": base}
+    before = (work / "reports/summary.md").read_bytes()
+    started = time.perf_counter()
+    proc = subprocess.run(["dvc", "repro", "-f", "-s", "report"], cwd=work, env=env, capture_output=True,
+                          text=True, timeout=600)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0, said[-3000:]
+    assert f"MLflow tracking at {base} failed" in said and "make mlflow-resend" in said
+    assert time.perf_counter() - started < 300  # a few retries, not MLflow's minutes of them
+    assert (work / "reports/summary.md").read_bytes() == before
+    assert json.loads(sh(["dvc", "status", "--json"], work, env)) == {}
+
+    server = subprocess.Popen(
+        ["mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp_path}/server.db",
+         "--artifacts-destination", str(tmp_path / "artifacts"), "--serve-artifacts",
+         "--host", "127.0.0.1", "--port", str(port)],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_http(f"{base}/health", server, 120)
+        cmd = [sys.executable, "-m", "stages.report", "--iterations", "reports/iterations", "--summary",
+               "reports/summary.md", "--figures", "reports/figures", "--table", "reports/iterations.csv", "--resend"]
+        sh(cmd, work, env)
+        exp = _api(base, "/api/2.0/mlflow/experiments/get-by-name?experiment_name=e2e")["experiment"]
+        runs = _api(base, "/api/2.0/mlflow/runs/search", {"experiment_ids": [exp["experiment_id"]]})["runs"]
+        tags = [{t["key"]: t["value"] for t in r["data"].get("tags", [])} for r in runs]
+        parents = [r for r, t in zip(runs, tags) if "mlflow.parentRunId" not in t]
+        assert len(parents) == 1 and len(runs) == 5
+        assert sorted(t["iteration"] for t in tags if "iteration" in t) == ["it0", "it1", "it2", "it3"]
+        parent_id = parents[0]["info"]["run_id"]
+        # the artifacts went through the server to its artifact store, and come back the same way
+        got = MlflowClient(base).download_artifacts(parent_id, "summary.md", str(tmp_path / "down"))
+        assert Path(got).read_bytes() == before
+        assert list((tmp_path / "artifacts").rglob("summary.md"))
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)

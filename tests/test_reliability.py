@@ -262,3 +262,17 @@ def test_an_iteration_without_pairs_or_verdicts_is_still_logged(tmp_path):
     [ds] = child.inputs.dataset_inputs
     assert (ds.dataset.name, ds.dataset.digest) == ("it1-pairs", "0" * 32)
     assert {t.key: t.value for t in ds.tags}["rows"] == "0"
+
+
+def test_a_tracking_store_that_is_down_fails_nothing(tmp_path, caplog, monkeypatch):
+    """MlflowTracker against a server that is not there: no exception, a warning naming the store
+    and how to re-send, and None for the run id."""
+    from scripts.mlflow_compare import free_port
+    from stages.lib.tracking import IterationRecord, LoopRecord, MlflowTracker
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    uri = f"http://127.0.0.1:{free_port()}"
+    with caplog.at_level("WARNING"):
+        got = MlflowTracker("down", uri).log_loop(LoopRecord("loop", {"seed": 0}, {}, [IterationRecord("it0", 0, {})]))
+    assert got is None
+    assert f"MLflow tracking at {uri} failed" in caplog.text and "make mlflow-resend" in caplog.text

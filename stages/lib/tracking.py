@@ -75,9 +75,20 @@ class MlflowTracker:
 
         return FileLock(self.uri.removeprefix("sqlite:///") + ".lock", timeout=600)
 
-    def log_loop(self, record: LoopRecord) -> str:
-        with self._store_lock():
-            return self._log_loop(record)
+    def log_loop(self, record: LoopRecord) -> str | None:
+        """The loop's runs, or None where the store failed (a server down, a full disk): tracking
+        observes the loop and never fails it; the warning says how to send the record again."""
+        # an unreachable server: a few retries, not MLflow's minutes of them (a user's setting wins)
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+        try:
+            with self._store_lock():
+                return self._log_loop(record)
+        except Exception as err:  # noqa: BLE001 - whatever the store raised, the loop's outputs stand
+            log.warning("MLflow tracking at %s failed (%s: %s); every output is written. Send the record "
+                        "again once the store is back: make mlflow-resend", self.uri, type(err).__name__,
+                        str(err).splitlines()[0][:300] if str(err) else "")
+            return None
 
     def _log_loop(self, record: LoopRecord) -> str:
         """Parent run with every metric at step = iteration; a child run per iteration with its
