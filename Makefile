@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install loop seeds variants loop-smollm2 loops-smollm2 gap-smollm2 print-smol-recipe flow serve test test-e2e test-slow smollm2 bench bench-real mlflow-ui mlflow-server mlflow-resend clean-state
+.PHONY: install loop seeds variants loop-smollm2 loops-smollm2 gap-smollm2 print-smol-recipe flow deploy worker serve test test-e2e test-slow smollm2 bench bench-real mlflow-ui mlflow-server mlflow-resend clean-state
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -27,6 +27,12 @@ variants: install  ## every README comparison (scripts/variants.yaml) over seeds
 
 flow: install  ## the same loop as a Prefect flow: one task per stage, same DVC cache
 	$(PY) -m flows.loop
+
+deploy: install  ## deploy the loop to a Prefect process work pool (POOL=self-improve-cpu; needs PREFECT_API_URL)
+	$(PY) -m flows.deploy --pool $(or $(POOL),self-improve-cpu)
+
+worker: install  ## a Prefect worker that runs the pool's loop runs on this machine (POOL=self-improve-cpu)
+	$(VENV)/bin/prefect worker start --pool $(or $(POOL),self-improve-cpu) --type process
 
 serve: install  ## serve the loop as a deployment for the Prefect UI (needs PREFECT_API_URL of a running server)
 	$(PY) -m flows.serve

@@ -1,0 +1,103 @@
+"""The loop deployed to a Prefect `process` work pool and run by a worker in another process, as a
+team runs it: a real Prefect server, the pool, a worker, a run triggered through the API with a
+parameter override (what the UI's form sends)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from scripts.mlflow_compare import free_port, wait_http
+
+from .conftest import git_copy, tiny_full
+
+pytestmark = pytest.mark.e2e
+
+
+def _start(cmd: list[str], cwd: Path, env: dict, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_worker_runs_the_deployed_loop_with_an_override(tmp_path):
+    params = tiny_full()
+    params["loop"] = {"it1": {"prev": "it0", "ref": "init"}}  # one iteration: the report follows loop
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "PREFECT_HOME": str(tmp_path / "prefect"), "MLFLOW_TRACKING_URI": f"sqlite:///{ws}/mlflow.db"}
+    env.pop("PREFECT_API_URL", None)
+    git_copy(ws, params, env)
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    server = _start([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
+                     str(port)], tmp_path, env, tmp_path / "server.log")
+    worker = None
+    try:
+        wait_http(f"{api}/health", server, 300)
+        env["PREFECT_API_URL"] = api
+        out = subprocess.run([sys.executable, "-m", "flows.deploy", "--repo", str(ws), "--pool", "team-cpu"],
+                             cwd=ws, env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+        worker_log = tmp_path / "worker.log"
+        worker = _start([sys.executable, "-m", "prefect", "worker", "start", "--pool", "team-cpu", "--type",
+                         "process", "--name", "worker-a"], ws, env, worker_log)
+        os.environ["PREFECT_API_URL"] = api  # this process reads the run back through the same API
+        try:
+            run, task_runs = asyncio.run(_trigger_and_wait(api, {"samples_per_prompt": 3}))
+        finally:
+            os.environ.pop("PREFECT_API_URL", None)
+        assert run.state.type.value == "COMPLETED", (run.state, worker_log.read_text()[-3000:])
+        assert run.work_pool_name == "team-cpu" and run.parameters["samples_per_prompt"] == 3
+        assert str(run.id) in worker_log.read_text()  # that worker picked it up, in its own process
+        from flows.dag import stage_order
+
+        stages = stage_order(ws)
+        names = sorted(r.name for r in task_runs)
+        assert len(names) == len(stages) and {"check_params", "prepare", "it1-judge", "report"} <= set(names)
+        assert {r.state.type.value for r in task_runs} == {"COMPLETED"}
+        # the override ran as its own DVC experiment, with k = 3
+        shown = subprocess.run(["dvc", "exp", "show", "--json"], cwd=ws, env=env, capture_output=True,
+                               text=True, check=True).stdout
+        assert f"flow-{run.name}" in shown and '"k":3' in shown.replace(" ", "")  # sample.k (tiny: 2)
+    finally:
+        if worker is not None:
+            _stop(worker)
+        _stop(server)
+
+
+async def _trigger_and_wait(api: str, parameters: dict):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.sorting import TaskRunSort
+
+    async with get_client() as client:
+        deployment = await client.read_deployment_by_name("self-improve-loop/self-improve")
+        created = await client.create_flow_run_from_deployment(deployment.id, parameters=parameters)
+        deadline = time.time() + 900
+        while True:
+            run = await client.read_flow_run(created.id)
+            if run.state is not None and run.state.is_final():
+                break
+            assert time.time() < deadline, f"flow run still {run.state} after 15 min"
+            await asyncio.sleep(3)
+        task_runs = await client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])),
+            sort=TaskRunSort.EXPECTED_START_TIME_DESC, limit=200)
+        return run, task_runs
