@@ -58,11 +58,7 @@ def test_a_worker_runs_the_deployed_loop_with_an_override(tmp_path):
         worker_log = tmp_path / "worker.log"
         worker = _start([sys.executable, "-m", "prefect", "worker", "start", "--pool", "team-cpu", "--type",
                          "process", "--name", "worker-a"], ws, env, worker_log)
-        os.environ["PREFECT_API_URL"] = api  # this process reads the run back through the same API
-        try:
-            run, task_runs = asyncio.run(_trigger_and_wait(api, {"samples_per_prompt": 3}))
-        finally:
-            os.environ.pop("PREFECT_API_URL", None)
+        run, task_runs = asyncio.run(_trigger_and_wait(api, {"samples_per_prompt": 3}))
         assert run.state.type.value == "COMPLETED", (run.state, worker_log.read_text()[-3000:])
         assert run.work_pool_name == "team-cpu" and run.parameters["samples_per_prompt"] == 3
         assert str(run.id) in worker_log.read_text()  # that worker picked it up, in its own process
@@ -83,21 +79,25 @@ def test_a_worker_runs_the_deployed_loop_with_an_override(tmp_path):
 
 
 async def _trigger_and_wait(api: str, parameters: dict):
+    """Create a run of the deployment as the UI's form does, wait for its final state; the run
+    and its task runs, read through `api` whatever another test's harness set for this process."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from prefect.client.schemas.sorting import TaskRunSort
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    async with get_client() as client:
-        deployment = await client.read_deployment_by_name("self-improve-loop/self-improve")
-        created = await client.create_flow_run_from_deployment(deployment.id, parameters=parameters)
-        deadline = time.time() + 900
-        while True:
-            run = await client.read_flow_run(created.id)
-            if run.state is not None and run.state.is_final():
-                break
-            assert time.time() < deadline, f"flow run still {run.state} after 15 min"
-            await asyncio.sleep(3)
-        task_runs = await client.read_task_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])),
-            sort=TaskRunSort.EXPECTED_START_TIME_DESC, limit=200)
-        return run, task_runs
+    with temporary_settings({PREFECT_API_URL: api}):
+        async with get_client() as client:
+            deployment = await client.read_deployment_by_name("self-improve-loop/self-improve")
+            created = await client.create_flow_run_from_deployment(deployment.id, parameters=parameters)
+            deadline = time.time() + 900
+            while True:
+                run = await client.read_flow_run(created.id)
+                if run.state is not None and run.state.is_final():
+                    break
+                assert time.time() < deadline, f"flow run still {run.state} after 15 min"
+                await asyncio.sleep(3)
+            task_runs = await client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])),
+                sort=TaskRunSort.EXPECTED_START_TIME_DESC, limit=200)
+    return run, task_runs
