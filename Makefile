@@ -40,7 +40,7 @@ serve: install  ## serve the loop as a deployment for the Prefect UI (needs PREF
 test: install  ## the default suite: units and the in-process pipeline on the tiny model (about 3 min)
 	$(PY) -m pytest
 
-test-e2e: install  ## real `dvc repro`, kills, bad params, MLflow and Prefect runs on a tiny config (about 26 min)
+test-e2e: install  ## real `dvc repro`, kills, bad params, MLflow and Prefect runs on a tiny config (about 28 min)
 	$(PY) -m pytest -m e2e
 
 test-slow: install  ## the real-model tests: a one-iteration loop on SmolLM2-135M-Instruct (run `make smollm2` first)
