@@ -72,7 +72,8 @@ def run_experiment(name: str, args: list[str], dest: Path, *, force: bool = Fals
     if rc != 0:
         print(f"{name}: failed (exit {rc})", file=sys.stderr)
         return None
-    metrics = {it: json.loads((root / "reports" / "iterations" / it / "metrics.json").read_text()) for it in iterations(root)}
+    metrics = {it: json.loads((root / "reports" / "iterations" / it / "metrics.json").read_text())
+               for it in iterations(root)}
     result = {"experiment": name, "args": args, "wall_seconds": round(wall, 1), **(extra or {}),
               "metrics": {it: {k: m[k] for k in KEYS if k in m} for it, m in metrics.items()}}
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,6 @@ from .lib.tasks import Task, task_for
 
 EXAMPLES = 3  # best and worst judged samples kept per iteration
 PAIR_EXAMPLES = 5
-MIX = "mix_"  # metric prefix of the category mix: share of an iteration's prompts per category
 
 
 def category_mix(prompts: pd.DataFrame) -> dict[str, float]:
@@ -39,7 +38,7 @@ def category_mix(prompts: pd.DataFrame) -> dict[str, float]:
     if prompts.empty:
         return {}
     shares = prompts["category"].fillna("(none)").value_counts(normalize=True)
-    return {f"{MIX}{k}": float(v) for k, v in sorted(shares.items())}
+    return {f"{art.MIX_PREFIX}{k}": float(v) for k, v in sorted(shares.items())}
 
 
 def judged_examples(judgments: pd.DataFrame, n: int = EXAMPLES) -> pd.DataFrame:
@@ -47,14 +46,11 @@ def judged_examples(judgments: pd.DataFrame, n: int = EXAMPLES) -> pd.DataFrame:
     scored = judgments.dropna(subset=["reward"]).assign(reward=lambda d: d["reward"].astype(float))
     best = scored.sort_values(["reward", "sample_id"], ascending=[False, True]).head(n).assign(rank="best")
     worst = scored.sort_values(["reward", "sample_id"], ascending=[True, True]).head(n).assign(rank="worst")
-    cols = ["rank", "sample_id", "prompt", "response", "reward", "label", "correct"]
-    return pd.concat([best, worst])[cols].reset_index(drop=True)
+    return pd.concat([best, worst])[art.JUDGED_EXAMPLE_COLUMNS].reset_index(drop=True)
 
 
 def pair_examples(pairs: pd.DataFrame, n: int = PAIR_EXAMPLES) -> pd.DataFrame:
-    cols = ["prompt_id", "prompt", "chosen", "rejected", "chosen_reward", "rejected_reward",
-            "chosen_correct", "rejected_correct"]
-    return pairs.sort_values("prompt_id").head(n)[cols].reset_index(drop=True)
+    return pairs.sort_values("prompt_id").head(n)[art.PAIR_EXAMPLE_COLUMNS].reset_index(drop=True)
 
 
 def records(df: pd.DataFrame) -> list[dict]:

@@ -52,10 +52,6 @@ PLOTS = {
     "pairs.png": ("Training data per iteration", ["num_pairs", "num_sft"]),
     "length.png": ("Mean response length (characters)", ["response_length"]),
 }
-MIX = "mix_"  # metric prefix of the category mix (evaluate.category_mix)
-JUDGED = ["rank", "sample_id", "prompt", "response", "reward", "label", "correct"]  # evaluate.judged_examples
-PAIRS = ["prompt_id", "prompt", "chosen", "rejected", "chosen_reward", "rejected_reward",
-         "chosen_correct", "rejected_correct"]  # evaluate.pair_examples
 
 
 def alarms(df: pd.DataFrame) -> list[str]:
@@ -167,13 +163,13 @@ def plot(df: pd.DataFrame, out_dir: Path) -> list[str]:
     import matplotlib.pyplot as plt
 
     names: list[str] = []
-    mix = sorted(k for k in df.columns if k.startswith(MIX))
+    mix = sorted(k for k in df.columns if k.startswith(art.MIX_PREFIX))
     if mix:
         fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
         bottom = pd.Series(0.0, index=df.index)
         for k in mix:
             values = df[k].fillna(0.0)
-            ax.bar(df["iteration"], values, bottom=bottom, label=k.removeprefix(MIX))
+            ax.bar(df["iteration"], values, bottom=bottom, label=k.removeprefix(art.MIX_PREFIX))
             bottom = bottom + values
         ax.set_title("Category mix of the prompts")
         ax.set_ylabel("share")
@@ -230,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
         alarm = alarms(df)
         for a in alarm:
             log.warning("REWARD-HACKING ALARM %s", a)
-        shown = {it: pd.DataFrame(ex["judged"], columns=JUDGED) for it, ex in examples.items()}
+        shown = {it: pd.DataFrame(ex["judged"], columns=art.JUDGED_EXAMPLE_COLUMNS) for it, ex in examples.items()}
         figures = Path(args.figures)
         if args.resend:
             missing = [str(p) for p in (Path(args.summary), figures, Path(args.table)) if not p.exists()]
@@ -244,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
             with art.atomic_path(args.summary) as tmp:
                 tmp.write_text(summary_markdown(df, params, rel, shown, alarm), encoding="utf-8")
             keep = ["iteration", "step"] + [k for k, _ in COLUMNS if k in df.columns]
-            keep += sorted(k for k in df.columns if k.startswith(MIX))
+            keep += sorted(k for k in df.columns if k.startswith(art.MIX_PREFIX))
             with art.atomic_path(args.table) as tmp:
                 df[keep].to_csv(tmp, index=False)
 
@@ -258,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
             ex = examples.get(it, {})
             tables = {f"examples/{it}_judged.json": shown[it]} if it in shown else {}
             if "pairs" in ex:
-                tables[f"examples/{it}_pairs.json"] = pd.DataFrame(ex["pairs"], columns=PAIRS)
+                tables[f"examples/{it}_pairs.json"] = pd.DataFrame(ex["pairs"], columns=art.PAIR_EXAMPLE_COLUMNS)
             records.append(IterationRecord(
                 iteration=it, step=int(row["step"]),
                 metrics={**{k: float(v) for k, v in row.items()

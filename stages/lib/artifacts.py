@@ -94,6 +94,13 @@ SFT = pa.schema(
     ]
 )
 
+# What evaluate keeps of an iteration for the report (reports/iterations/<it>/examples.json and the
+# category mix in metrics.json): the columns of its example tables and the mix metrics' prefix.
+JUDGED_EXAMPLE_COLUMNS = ["rank", "sample_id", "prompt", "response", "reward", "label", "correct"]
+PAIR_EXAMPLE_COLUMNS = ["prompt_id", "prompt", "chosen", "rejected", "chosen_reward", "rejected_reward",
+                        "chosen_correct", "rejected_correct"]
+MIX_PREFIX = "mix_"
+
 
 PROVENANCE_KEY = "self_improve.provenance"
 

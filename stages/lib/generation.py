@@ -250,6 +250,11 @@ def token_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tu
     return _align(selective_log_softmax(logits, targets), batch, s)
 
 
+def _mean_minus_own(row: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """(T,) mean logit over the vocabulary minus the target token's logit, for one row (T, V)."""
+    return row.mean(-1) - row.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+
+
 @torch.no_grad()
 def response_scores(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row: the summed log-prob of its response tokens (B,), token_logprobs's, and self-certainty
@@ -257,8 +262,7 @@ def response_scores(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> t
     where mean_j log p_j = log p(token) + mean_j logit_j - logit(token) (the logsumexp cancels)."""
     logits, targets, s = _response_logits(model, batch)
     logps, mask = _align(selective_log_softmax(logits, targets), batch, s)
-    offset = torch.stack([row.float().mean(-1) - row.float().gather(-1, t.unsqueeze(-1)).squeeze(-1)
-                          for row, t in zip(logits, targets)])
+    offset = torch.stack([_mean_minus_own(row.float(), t) for row, t in zip(logits, targets)])
     mean_logp = logps.float() + _align(offset, batch, s)[0]
     kl = (-math.log(logits.shape[-1]) - mean_logp) * mask
     return logps.float().sum(-1), kl.sum(-1) / mask.sum(-1).clamp(min=1)

@@ -87,7 +87,8 @@ class ArithmeticTask(ProceduralTask):
 
     def sets(self, seed: int, train_size: int) -> TaskSets:
         heldout, ttt, train = self.split(seed, train_size)
-        return TaskSets(problems_frame(heldout, "heldout"), problems_frame(ttt, "ttt"), seed_frame([p.prompt for p in train], [p.answer for p in train]))
+        return TaskSets(problems_frame(heldout, "heldout"), problems_frame(ttt, "ttt"),
+                        seed_frame([p.prompt for p in train], [p.answer for p in train]))
 
     def categories(self, sets: TaskSets) -> list[str]:
         return list(self.CATEGORIES)
