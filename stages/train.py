@@ -11,7 +11,9 @@ fine-tuning writes full safetensors weights. Memory is bounded by `train.micro_b
 Resumable: every `train.checkpoint_every` steps the state goes to `--checkpoints` (a DVC
 `persist` output), and a run killed part way continues from there when restarted on the same
 inputs and params. Scale-out: `accelerate launch -m stages.train ...` runs it unchanged on
-several processes (DDP); only the main process writes.
+several processes (DDP, or FSDP2 with configs/accelerate/fsdp.yaml); only the main process writes.
+`SELF_IMPROVE_ACCELERATE_CONFIG=configs/accelerate/fsdp.yaml` picks that launcher for dvc.yaml's
+command as it is (stages/lib/distributed.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import argparse
 import hashlib
 import json
 import logging
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -28,6 +31,7 @@ import torch
 from .lib import artifacts as art
 from .lib.cli import derive_seed, run_stage, stage_provenance
 from .lib.config import PREFERENCE, Algorithm, Params, TrainConfig
+from .lib.distributed import is_fsdp, make_accelerator, relaunch
 from .lib.generation import chat_format
 from .lib.models import attach_lora, load_model, model_identity, save_adapter_chain, save_model, set_threads
 from .lib.training import Checkpoints, Schedule, steps_for, train_grpo, train_preference, train_sft
@@ -45,7 +49,8 @@ def training_size(cfg: TrainConfig, pairs: pd.DataFrame, sft: pd.DataFrame, grou
 
 def train(model, tokenizer, pairs: pd.DataFrame, sft: pd.DataFrame, groups: pd.DataFrame, cfg: TrainConfig,
           seed: int, accelerator=None, checkpoints: Checkpoints | None = None, max_length: int | None = None):
-    """Train `model`; returns the trained model (a peft model with LoRA), the log and the number of examples."""
+    """Train `model`; returns the trained model (a peft model with LoRA), the log, the number of examples
+    and, under FSDP, the gathered full state dict (None otherwise: the model's own weights are whole)."""
     chat = chat_format(model, tokenizer)  # before LoRA wraps it: the base's generation config
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -71,12 +76,15 @@ def train(model, tokenizer, pairs: pd.DataFrame, sft: pd.DataFrame, groups: pd.D
                          cfg.clip_eps, cfg.kl_beta, cfg.max_grad_norm, **common)
     if n == 0:
         log.warning("no training data this iteration: the model is passed on unchanged")
+    full_state = None
+    if is_fsdp(accelerator):  # every process takes part in gathering the shards; the main one gets them
+        full_state = accelerator.get_state_dict(model)
     if accelerator is not None:
         model = accelerator.unwrap_model(model)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_disable()
         model.config.use_cache = True
-    return model, out, n
+    return model, out, n, full_state
 
 
 def fingerprint(params: Params, iteration: str, model_dir: str | Path, base: str | Path | None,
@@ -111,11 +119,11 @@ def _args(p: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     def body(args: argparse.Namespace, params: Params) -> None:
-        from accelerate import Accelerator
-
         params.iteration_index(args.iteration)
+        if argv is None:  # run as a program (dvc.yaml): SELF_IMPROVE_ACCELERATE_CONFIG may pick a launcher
+            relaunch("stages.train", sys.argv[1:])
         set_threads()
-        accelerator = Accelerator(cpu=not torch.cuda.is_available())  # CPU: DDP over gloo
+        accelerator = make_accelerator()  # no GPU: processes over gloo; FSDP2 if the config asks
         pairs = art.read_table(args.pairs, art.PAIRS)
         sft = art.read_table(args.sft, art.SFT)
         groups = art.read_table(args.groups, art.GROUPS)
@@ -128,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
         if accelerator.num_processes > 1:
             log.info("training on %d processes (%s)", accelerator.num_processes, accelerator.distributed_type)
         seed = derive_seed(params.seed, "train", args.iteration)
-        trained, train_log, n = train(model.to(accelerator.device), tokenizer, pairs, sft, groups, params.train,
+        trained, train_log, n, full_state = train(model.to(accelerator.device), tokenizer, pairs, sft, groups, params.train,
                                       seed, accelerator, ckpt, params.model.max_length)
         if not accelerator.is_main_process:
             return
@@ -137,9 +145,9 @@ def main(argv: list[str] | None = None) -> None:
         prov = stage_provenance("train", args.iteration, params, ("seed", "model", "train", "security"), [args.out])
         if params.train.lora.enabled:
             save_adapter_chain(trained, args.model, args.base or args.model, args.iteration,
-                               args.out, prov)
+                               args.out, prov, state_dict=full_state)
         else:
-            save_model(trained, tokenizer, args.out, prov)
+            save_model(trained, tokenizer, args.out, prov, state_dict=full_state)
         art.write_json(metrics, args.metrics)
 
     run_stage("train", _args, body, argv)

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import psutil
 import pytest
 import torch
 import yaml
@@ -110,6 +111,78 @@ def test_accelerate_launch_runs_the_stage_on_two_processes(train_inputs):
     start = load_file(d / "start" / "model.safetensors")
     after = _weights(d, "ddp")
     assert any(not torch.equal(start[k], after[k]) for k in start)
+
+
+def _under(config: str, d: Path, argv: list[str], name: str, **popen) -> subprocess.CompletedProcess | subprocess.Popen:
+    """dvc.yaml's command as it is, `python -m stages.train ...`, with SELF_IMPROVE_ACCELERATE_CONFIG
+    naming one of configs/accelerate/: the stage relaunches itself under `accelerate launch`."""
+    env = {**_env(), "SELF_IMPROVE_ACCELERATE_CONFIG": str(ROOT / "configs" / "accelerate" / config)}
+    cmd = [sys.executable, "-m", "stages.train", *argv, *_outs(d, name)]
+    if popen:
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, **popen)
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
+def test_fsdp_on_two_cpu_processes_trains_the_weights_ddp_trains(train_inputs, lora):
+    d, argv = train_inputs
+    (d / "params.yaml").write_text(yaml.safe_dump(deep_merge(
+        TINY, {"train": {"algorithm": "raft", "epochs": 2, "batch_size": 8, "lora": {"enabled": lora}}})))
+    fsdp = _under("fsdp.yaml", d, argv, "fsdp")
+    assert fsdp.returncode == 0, fsdp.stderr[-3000:]
+    assert "training on 2 processes (DistributedType.FSDP)" in fsdp.stderr
+    ddp = _under("ddp.yaml", d, argv, "ddp")
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    assert "training on 2 processes (DistributedType.MULTI_CPU)" in ddp.stderr
+    m_fsdp, m_ddp = (art.read_json(d / name / "metrics.json") for name in ("fsdp", "ddp"))
+    assert m_fsdp["train_processes"] == m_ddp["train_processes"] == 2
+    assert m_fsdp["train_steps"] == m_ddp["train_steps"] == 2 * N // 8
+    assert m_fsdp["train_loss"] == pytest.approx(m_ddp["train_loss"], rel=1e-5)
+    # the sharded run wrote whole weights (gathered on the main process) equal to DDP's
+    fsdp_w, ddp_w = _weights(d, "fsdp"), _weights(d, "ddp")
+    assert fsdp_w.keys() == ddp_w.keys()
+    assert all(torch.allclose(fsdp_w[k], ddp_w[k], atol=1e-5) for k in fsdp_w)
+    start = load_file(d / "start" / "model.safetensors")
+    assert any(not torch.equal(start[k], fsdp_w[k]) for k in start)
+    if lora:
+        assert (d / "fsdp" / "model" / "adapters" / "it1" / "adapter_model.safetensors").is_file()
+
+
+def test_fsdp_training_killed_part_way_resumes_from_its_gathered_checkpoint(train_inputs):
+    d, argv = train_inputs
+    (d / "params.yaml").write_text(yaml.safe_dump(deep_merge(
+        TINY, {"train": {"algorithm": "raft", "epochs": 6, "batch_size": 8, "checkpoint_every": 4,
+                         "lora": {"r": 8}}})))
+    steps = 6 * N // 8
+    whole = _under("fsdp.yaml", d, argv, "whole")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    # the same run, every process of it SIGKILLed as soon as a checkpoint is written
+    proc = _under("fsdp.yaml", d, argv, "cut", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                  start_new_session=True)
+    state = d / "cut" / "ckpt" / "state.pt"
+    deadline = time.time() + 240
+    while not state.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.002)
+    # the launcher's workers run in sessions of their own: kill the whole tree, as a crash would
+    tree = psutil.Process(proc.pid).children(recursive=True)
+    os.killpg(proc.pid, signal.SIGKILL)
+    for child in tree:
+        child.kill()
+    proc.wait()
+    psutil.wait_procs(tree, timeout=30)
+    assert state.exists(), "no checkpoint was written before the run ended"
+    assert not (d / "cut" / "model").exists()
+    saved = torch.load(state, weights_only=True)
+    assert saved["sharded"] and 0 < saved["step"] < steps
+    # whole LoRA tensors, by name: any number of processes can resume from them
+    lora_a = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight"
+    assert saved["trainable"][lora_a].shape == (8, 32)
+    done = _under("fsdp.yaml", d, argv, "cut")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resuming from the checkpoint at step" in done.stderr
+    assert art.read_json(d / "cut" / "metrics.json")["train_resumed_from"] >= saved["step"]
+    whole_w, cut_w = _weights(d, "whole"), _weights(d, "cut")
+    assert all(torch.allclose(whole_w[k], cut_w[k], atol=1e-6) for k in whole_w)
 
 
 def test_a_non_finite_loss_stops_training_without_writing_a_model(train_inputs, tok, trained, capsys):

@@ -140,10 +140,12 @@ def load_model(
     return model, tokenizer
 
 
-def save_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, path: str | Path, prov: dict) -> None:
-    """Save weights (safetensors), tokenizer and provenance atomically into `path`."""
+def save_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, path: str | Path, prov: dict,
+               state_dict: dict | None = None) -> None:
+    """Save weights (safetensors), tokenizer and provenance atomically into `path`; `state_dict`:
+    the weights to write instead of the model's own (gathered from FSDP shards)."""
     with atomic_path(path, is_dir=True) as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
+        model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
         tokenizer.save_pretrained(tmp)
         (tmp / "provenance.json").write_text(json.dumps(prov, indent=2, sort_keys=True) + "\n")
 
@@ -229,8 +231,9 @@ def apply_adapters(model: torch.nn.Module, adapter_dirs: list[Path]) -> torch.nn
 
 
 def save_adapter_chain(peft_model, start: str | Path, base: str | Path, name: str, path: str | Path,
-                       prov: dict) -> None:
+                       prov: dict, state_dict: dict | None = None) -> None:
     """itN with LoRA: the adapters of the starting model (if it is a chain), this one's, chain.json.
+    `state_dict`: the whole model's weights to take the adapter from (gathered from FSDP shards).
 
     The directory is self-contained apart from the base (--base): a few MB, not a copy of the model.
     """
@@ -242,7 +245,7 @@ def save_adapter_chain(peft_model, start: str | Path, base: str | Path, name: st
     with atomic_path(path, is_dir=True) as tmp:
         for old in previous:
             shutil.copytree(start / ADAPTERS / old, tmp / ADAPTERS / old)
-        peft_model.save_pretrained(tmp / ADAPTERS / name, safe_serialization=True)
+        peft_model.save_pretrained(tmp / ADAPTERS / name, safe_serialization=True, state_dict=state_dict)
         config = tmp / ADAPTERS / name / "adapter_config.json"
         fields = json.loads(config.read_text(encoding="utf-8"))
         fields["base_model_name_or_path"] = None  # a machine's path; chain.json identifies the base

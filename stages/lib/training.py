@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from .config import Algorithm
+from .distributed import is_fsdp
 from .errors import TrainingError
 from .chat import ChatFormat
 from .generation import Row, collate, encode_rows, pad_id, token_batches, token_logprobs
@@ -192,22 +193,35 @@ def fit(
     names = [name for name, p in model.named_parameters() if p.requires_grad]
     rank, world = 0, 1
     runner = model
+    sharded = is_fsdp(accelerator)
     if accelerator is not None:
         runner, opt = accelerator.prepare(model, opt)
         rank, world = accelerator.process_index, accelerator.num_processes
         device = accelerator.device
+        if sharded:  # FSDP2 replaced the parameters by sharded ones (the optimiser follows them)
+            params = [p for p in runner.parameters() if p.requires_grad]
     else:
         device = next(model.parameters()).device
     if batch_size < world:
         raise TrainingError(f"batch_size {batch_size} is smaller than the {world} training processes")
     start = 0
     state = checkpoints.load() if checkpoints else None
+    if state is not None and state.get("sharded", False) != sharded:
+        log.info("%s: checkpoint written %s FSDP; training from the start", desc, "with" if not sharded else "without")
+        state = None
     if state is not None:
-        current = dict(model.named_parameters())
-        with torch.no_grad():
-            for name, value in state["trainable"].items():
-                current[name].copy_(value.to(current[name].device))
-        opt.load_state_dict(state["optimizer"])
+        if sharded:  # every process loads the whole state and keeps its shard
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+            set_state_dict(runner, opt.optimizer, model_state_dict=state["trainable"],
+                           optim_state_dict=state["optimizer"],
+                           options=StateDictOptions(full_state_dict=True, strict=False))
+        else:
+            current = dict(model.named_parameters())
+            with torch.no_grad():
+                for name, value in state["trainable"].items():
+                    current[name].copy_(value.to(current[name].device))
+            opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
         train_log = TrainLog(state["log"]["losses"], state["log"]["extra"], resumed_from=state["step"])
         torch.set_rng_state(state["rng"])
@@ -255,10 +269,16 @@ def fit(
         bar.update(1)
         ema = value.item() if ema is None else 0.9 * ema + 0.1 * value.item()
         if checkpoints and checkpoints.due(step + 1, schedule.steps):
+            if sharded:  # a collective: every process sends its shards, the main one writes the whole
+                trainable, optimizer = _gather_sharded(runner, opt.optimizer)
+            else:
+                trainable = {k: v.detach().cpu() for k, v in zip(names, params)}
+                optimizer = opt.state_dict()
             checkpoints.save({
                 "step": step + 1,
-                "trainable": {k: v.detach().cpu() for k, v in zip(names, params)},
-                "optimizer": opt.state_dict(),
+                "sharded": sharded,
+                "trainable": trainable,
+                "optimizer": optimizer,
                 "scheduler": sched.state_dict(),
                 "log": {"losses": train_log.losses, "extra": train_log.extra},
                 "rng": torch.get_rng_state(),
@@ -272,6 +292,15 @@ def fit(
     if checkpoints:
         checkpoints.finish(len(train_log.losses))
     return train_log
+
+
+def _gather_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """An FSDP model's trainable weights and optimiser state, whole, on the CPU of the main process
+    (keyed by parameter name, so any number of processes can resume from them)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+    return get_state_dict(model, optimizer, options=options)
 
 
 @dataclass
