@@ -10,7 +10,7 @@ import yaml
 from stages import sample as sample_stage
 from stages.lib.backends import HFSampler, open_sampler, resolve_backend, vllm_unavailable
 from stages.lib.config import SampleBackend, SampleConfig
-from stages.lib.errors import PipelineError
+from stages.lib.errors import ConfigError, PipelineError
 from stages.lib.generation import SamplingSpec, encode_for_training, generate, memory_cap, score
 from stages.lib.models import save_model
 
@@ -66,6 +66,36 @@ def test_vllm_greedy_matches_hf(model_dir, tok, trained):
     sampled = open_sampler(model_dir, SampleConfig(backend="vllm")).generate(
         prompts, SamplingSpec(n=3, temperature=1.0, max_new_tokens=4), 1, progress=False)
     assert [len(s) for s in sampled] == [3] * 4
+
+
+def test_vllm_engines_split_the_gpus_and_the_prompts_in_order():
+    from stages.lib.backends import engine_plan, split_evenly
+
+    gpus = ["0", "1", "2", "3"]
+    assert engine_plan(gpus, 1, 0) == [["0"], ["1"], ["2"], ["3"]]  # data parallel: one engine per GPU
+    assert engine_plan(gpus, 2, 0) == [["0", "1"], ["2", "3"]]
+    assert engine_plan(gpus, 2, 1) == [["0", "1"]]
+    assert engine_plan(["6", "7"], 1, 2) == [["6"], ["7"]]  # names as CUDA_VISIBLE_DEVICES gave them
+    with pytest.raises(ConfigError, match=r"sample.vllm: 2 engine\(s\) x tensor_parallel_size 2 need 4 GPUs; 2 visible"):
+        engine_plan(["0", "1"], 2, 2)
+    with pytest.raises(ConfigError, match=r"0 visible \(none\)"):
+        engine_plan([], 1, 0)
+    assert split_evenly(list(range(7)), 3) == [[0, 1, 2], [3, 4], [5, 6]]
+    assert split_evenly([1], 3) == [[1], [], []]
+    assert [x for part in split_evenly(list(range(10)), 4) for x in part] == list(range(10))
+
+
+@pytest.mark.skipif(bool(NO_VLLM) or torch.cuda.device_count() < 2,
+                    reason=f"vllm data parallel needs vllm and 2 GPUs: {NO_VLLM or 'fewer than 2 GPUs'}")
+def test_vllm_data_parallel_samples_what_one_engine_samples(model_dir):
+    from stages.lib.config import VllmConfig
+
+    prompts = [f"{10 + i}+{20 + i}=" for i in range(9)]
+    spec = SamplingSpec(n=2, temperature=1.0, max_new_tokens=4)
+    one = open_sampler(model_dir, SampleConfig(backend="vllm", vllm=VllmConfig(data_parallel_size=1)))
+    two = open_sampler(model_dir, SampleConfig(backend="vllm", vllm=VllmConfig(data_parallel_size=2)))
+    assert len(two.engines) == 2
+    assert two.generate(prompts, spec, 3, progress=False) == one.generate(prompts, spec, 3, progress=False)
 
 
 def test_sample_stage_records_the_backend(model_dir, tmp_path, tiny_raw, monkeypatch):

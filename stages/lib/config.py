@@ -207,6 +207,14 @@ class SampleBackend(str, enum.Enum):
     vllm = "vllm"  # the `gpu` extra; GPU only
 
 
+class VllmConfig(_Section):
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs one vLLM engine shards the model over")
+    data_parallel_size: int = Field(
+        0, ge=0, description="vLLM engines, each on its own tensor_parallel_size GPUs, each sampling its share of "
+        "the prompts; 0: as many as the visible GPUs hold"
+    )
+
+
 class SampleConfig(_Section):
     backend: SampleBackend = Field(SampleBackend.auto, description="sampling engine (sample and evaluate)")
     k: int = Field(4, ge=1, description="responses per prompt")
@@ -220,6 +228,7 @@ class SampleConfig(_Section):
         8192, ge=1, description="padded tokens per scoring forward pass (log-probs), lowered to fit free memory"
     )
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vllm: share of GPU memory it may take")
+    vllm: VllmConfig = VllmConfig()
 
 
 class JudgeMethod(str, enum.Enum):
