@@ -185,6 +185,14 @@ def test_fsdp_training_killed_part_way_resumes_from_its_gathered_checkpoint(trai
     assert all(torch.allclose(whole_w[k], cut_w[k], atol=1e-6) for k in whole_w)
 
 
+def test_a_launcher_config_that_does_not_exist_is_refused_before_training(train_inputs):
+    d, argv = train_inputs
+    done = _under("no-such.yaml", d, argv, "missing")
+    assert done.returncode == 2
+    assert "SELF_IMPROVE_ACCELERATE_CONFIG=" in done.stderr and "no-such.yaml: no such accelerate config file" in done.stderr
+    assert not (d / "missing").exists()
+
+
 def test_a_non_finite_loss_stops_training_without_writing_a_model(train_inputs, tok, trained, capsys):
     import copy
 

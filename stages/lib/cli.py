@@ -67,7 +67,7 @@ def process_seconds() -> float | None:
 def _record_timing(stage: str, iteration: str | None, body_seconds: float) -> None:
     """With SELF_IMPROVE_TIMINGS=<file>, append this stage's timing to it (for benchmarks/)."""
     path = os.environ.get("SELF_IMPROVE_TIMINGS")
-    if not path:
+    if not path or os.environ.get("RANK", "0") != "0":  # under a launcher, one row: the main process's
         return
     row = {"stage": stage, "iteration": iteration, "seconds": body_seconds,
            "process_seconds": process_seconds(), **_EXTRA_TIMINGS}
