@@ -193,6 +193,16 @@ def test_a_launcher_config_that_does_not_exist_is_refused_before_training(train_
     assert not (d / "missing").exists()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="DeepSpeed is refused only without a GPU")
+def test_deepspeed_without_a_gpu_is_refused_not_trained_as_ddp(monkeypatch):
+    from stages.lib.distributed import make_accelerator
+    from stages.lib.errors import ConfigError
+
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")  # what `accelerate launch` sets for a DeepSpeed config
+    with pytest.raises(ConfigError, match="asks for DeepSpeed, which accelerate runs on GPUs only"):
+        make_accelerator()
+
+
 def test_a_non_finite_loss_stops_training_without_writing_a_model(train_inputs, tok, trained, capsys):
     import copy
 

@@ -127,7 +127,7 @@ class VLLMSampler:
         return Generations(texts, cut, tokens)
 
     def close(self) -> None:
-        for engine in self.engines:
+        for engine in getattr(self, "engines", []):  # also after a failed __init__
             engine.close()
         self.engines = []
 
