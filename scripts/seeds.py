@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -51,14 +52,59 @@ def keep_report(root: Path, dest: Path) -> None:
     shutil.copytree(root / "reports" / "figures", dest / "figures")
 
 
+def committed_params(root: Path = ROOT) -> str:
+    """params.yaml as HEAD has it: every experiment is HEAD's params plus its own `-S` overrides."""
+    return subprocess.run(["git", "show", "HEAD:params.yaml"], cwd=root, capture_output=True, text=True,
+                          check=True).stdout
+
+
+def check_clean_params(root: Path = ROOT) -> None:
+    """Refuse to start while params.yaml differs from HEAD's: `dvc exp run -S` applies its overrides
+    to the workspace's params.yaml, so an uncommitted change (or the params a previous experiment
+    left there) would silently join every variant."""
+    if (root / "params.yaml").read_text() != committed_params(root):
+        raise SystemExit(f"{root / 'params.yaml'} differs from HEAD's (`git diff params.yaml`): every variant "
+                         "is HEAD's params plus its own overrides; commit the change, pass it as -S KEY=VALUE, "
+                         "or `git checkout params.yaml` if it is what an earlier experiment left there")
+
+
+def flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in flat(sub, f"{prefix}{key}.").items()}
+    return {prefix.rstrip("."): tree}
+
+
+def params_diff(text: str, base: str) -> dict[str, Any]:
+    """The params keys whose values differ from `base` (both params.yaml texts), flattened."""
+    new, old = flat(yaml.safe_load(text)), flat(yaml.safe_load(base))
+    return {k: new.get(k) for k in sorted(set(new) | set(old)) if new.get(k) != old.get(k)}
+
+
+def unexpected_params(result: dict) -> dict[str, Any]:
+    """Params a kept result ran with beyond its own overrides and seed ({} for a clean run, and for
+    results kept before the diff was recorded)."""
+    if "params_diff" not in result:
+        return {}
+    meant = {"seed"} | {o.partition("=")[0] for o in result.get("overrides") or []}
+    args = result.get("args") or []
+    meant |= {a.partition("=")[0] for a, prev in zip(args, [None, *args]) if prev == "-S"}
+    return {k: v for k, v in result["params_diff"].items() if k not in meant}
+
+
 def run_experiment(name: str, args: list[str], dest: Path, *, force: bool = False, root: Path = ROOT,
                    extra: dict | None = None, timings: Path | None = None,
                    report_dir: Path | None = None) -> Path | None:
     """`dvc exp run -n name args` in `root`; its per-iteration metrics to `dest`, and with
-    `report_dir` its summary and figures there (None: it failed)."""
+    `report_dir` its summary and figures there (None: it failed).
+
+    The workspace's params.yaml must be HEAD's (check_clean_params) and is put back to HEAD's after
+    the run: `dvc exp run` leaves the experiment's params there, and the next experiment would
+    otherwise inherit them. The result records which params differed from HEAD's."""
     if dest.exists() and not force:
         print(f"{name}: done already ({dest})", flush=True)
         return dest
+    check_clean_params(root)
+    base = committed_params(root)
     env = dict(os.environ)
     if timings is not None:
         timings.parent.mkdir(parents=True, exist_ok=True)
@@ -67,14 +113,19 @@ def run_experiment(name: str, args: list[str], dest: Path, *, force: bool = Fals
     cmd = ["dvc", "exp", "run", "-n", name, *args]
     print("+", shlex.join(cmd), flush=True)
     t0 = time.perf_counter()
-    rc = subprocess.run(cmd, cwd=root, env=env, check=False).returncode
-    wall = time.perf_counter() - t0
+    try:
+        rc = subprocess.run(cmd, cwd=root, env=env, check=False).returncode
+        wall = time.perf_counter() - t0
+        ran = (root / "params.yaml").read_text()
+    finally:
+        (root / "params.yaml").write_text(base)
     if rc != 0:
         print(f"{name}: failed (exit {rc})", file=sys.stderr)
         return None
     metrics = {it: json.loads((root / "reports" / "iterations" / it / "metrics.json").read_text())
                for it in iterations(root)}
     result = {"experiment": name, "args": args, "wall_seconds": round(wall, 1), **(extra or {}),
+              "params_diff": params_diff(ran, base), "machine": machine(),
               "metrics": {it: {k: m[k] for k in KEYS if k in m} for it, m in metrics.items()}}
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
@@ -82,6 +133,19 @@ def run_experiment(name: str, args: list[str], dest: Path, *, force: bool = Fals
         keep_report(root, report_dir)
     print(f"{name}: {wall / 60:.1f} min -> {dest}", flush=True)
     return dest
+
+
+def machine() -> dict[str, str]:
+    """Where a result ran: the CPU's floating point differs between machines (AVX2 / AVX-512), and
+    the same seed then trains a different tiny base model."""
+    import platform
+
+    flags = ""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        line = next((ln for ln in cpuinfo.read_text().splitlines() if ln.startswith("flags")), "")
+        flags = " ".join(f for f in ("avx2", "avx512f") if f in line.split())
+    return {"processor": platform.processor() or platform.machine(), "isa": flags}
 
 
 def mean_sd(values: list[float]) -> str:
@@ -100,6 +164,9 @@ def load_results(out: Path) -> dict[str, list[dict]]:
     groups: dict[str, list[dict]] = {}
     for f in sorted(out.glob("*.json")) + sorted(out.glob("*/s*.json")):
         r = json.loads(f.read_text())
+        if stray := unexpected_params(r):
+            print(f"{f}: left out: it ran with params beyond its overrides {stray}", file=sys.stderr)
+            continue
         groups.setdefault(r.get("variant") or r.get("judge") or f.parent.name, []).append(r)
     return {k: sorted(v, key=lambda r: r["seed"]) for k, v in groups.items()}
 

@@ -51,3 +51,11 @@ def test_every_stage_depends_on_the_modules_it_imports():
         assert str(path.relative_to(ROOT)) in deps, name
         missing = {m for m in _imports(path) if not _covered(m, deps)}
         assert not missing, f"{name}: dvc.yaml deps lack {sorted(missing)}"
+
+
+def test_every_stage_depends_on_the_package_that_pins_the_cpu_kernels():
+    """stages/__init__.py runs before any stage module and picks the kernels torch uses: a change to
+    it changes outputs, so every stage declares it."""
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    for name, spec in stages.items():
+        assert "stages/__init__.py" in spec.get("do", spec)["deps"], name

@@ -1,0 +1,32 @@
+"""Importing `stages` holds torch to its AVX2 kernels on x86, so a seed gives the same bytes on an
+AVX2 and an AVX-512 machine; `SELF_IMPROVE_CPU_ISA=native` opts out."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from stages import _has_avx2
+
+from .conftest import ROOT
+
+PINS = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "SELF_IMPROVE_CPU_ISA")
+PROBE = "import stages, torch; print(torch.backends.cpu.get_cpu_capability())"
+
+
+def _capability(**env: str) -> str:
+    clean = {k: v for k, v in os.environ.items() if k not in PINS}
+    out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env={**clean, **env}, capture_output=True,
+                         text=True, check=True)
+    return out.stdout.strip()
+
+
+@pytest.mark.skipif(not _has_avx2(), reason="an x86 CPU with AVX2 only")
+def test_stages_pin_torch_to_avx2_unless_told_otherwise():
+    assert _capability() == "AVX2"
+    assert _capability(ATEN_CPU_CAPABILITY="default") == "DEFAULT"  # the user's own setting wins
+    native = _capability(SELF_IMPROVE_CPU_ISA="native")
+    assert native in {"AVX2", "AVX512"}
