@@ -109,6 +109,15 @@ def test_judge_alarm_needs_two_falls_in_a_row_beyond_noise():
     for row, acc in zip(improving, (0.30, 0.31, 0.32)):  # a rise within noise does not excuse it
         row.update(sample_accuracy=acc)
     assert [a[:3] for a in reward_hacking_alarm(improving)] == ["it3"]
+    # a policy right more often on its own prompts while held-out accuracy falls beyond noise is no
+    # excuse (implicit_reward: sample accuracy 0.33 -> 0.41 while held-out fell 0.48 -> 0.31)
+    for row, acc, held in zip(improving, (0.30, 0.35, 0.40), (0.48, 0.46, 0.31)):
+        row.update(sample_accuracy=acc, accuracy=held, accuracy_se=0.02)
+    assert reward_hacking_alarm(improving) == [(
+        "it3: judge_auc fell two iterations running 0.80 -> 0.75 -> 0.70 (-0.100, beyond 2 s.e. of the "
+        "difference = 0.057) while held-out accuracy fell 0.480 -> 0.310 beyond its noise (judge degrading?)")]
+    improving[-1]["accuracy"] = 0.44  # -0.04 against 2 s.e. of 0.057: noise, the improvement excuses it
+    assert reward_hacking_alarm(improving) == []
     # four iterations falling: fires at it3 and at it4
     assert [a[:3] for a in reward_hacking_alarm(history([0.9, 0.8, 0.7, 0.6]))] == ["it3", "it4"]
 

@@ -167,9 +167,11 @@ def reward_hacking_alarm(history: Sequence[dict], *, z: float = 2.0) -> list[str
     - policy: reward_mean rose while sample_accuracy or held-out accuracy fell beyond noise, against
       the latest earlier iteration that has the measure (held-out accuracy: it0 counts).
     - judge: the judge's quality fell two iterations running, and over those two iterations beyond
-      noise (a one-iteration dip is within what a loop does), while the policy's sample accuracy
-      did not rise beyond noise over the same iterations (a judge whose policy improves has fewer
-      wrong samples left to tell apart; that alone is no alarm).
+      noise (a one-iteration dip is within what a loop does), unless the policy improved over the
+      same iterations: its sample accuracy rose beyond noise and its held-out accuracy did not fall
+      beyond noise (a judge whose policy improves has fewer wrong samples left to tell apart; that
+      alone is no alarm, but a policy that gets its own prompts right more often while it gets
+      worse on held-out problems is no excuse).
 
     A value without its standard error is never tested (metrics of older runs).
     """
@@ -194,6 +196,14 @@ def reward_hacking_alarm(history: Sequence[dict], *, z: float = 2.0) -> list[str
                         f"= {bound:.3f}) (reward hacking?)")
             last = (i, *got)
     policy = [_with_se(row, "sample_accuracy", "sample_accuracy_se") for row in history]
+    heldout = [_with_se(row, "accuracy", "accuracy_se") for row in history]
+
+    def beyond(series: list, h: int, i: int) -> float | None:
+        """series[i] - series[h] in units of z s.e. of the difference (> 1: a rise beyond noise)."""
+        if series[h] is None or series[i] is None:
+            return None
+        return (series[i][0] - series[h][0]) / (z * math.hypot(series[h][1], series[i][1]) or 1e-12)
+
     for key, se_key in JUDGE_KEYS:
         seen = [(i, *got) for i, row in enumerate(history) if (got := _with_se(row, key, se_key))]
         for (h, a, a_se), (_, b, _), (i, c, c_se) in zip(seen, seen[1:], seen[2:]):
@@ -202,13 +212,16 @@ def reward_hacking_alarm(history: Sequence[dict], *, z: float = 2.0) -> list[str
                 continue
             # a judge loses some discrimination as its policy's samples get better (fewer wrong ones
             # left to tell apart): that is no alarm while the policy's own accuracy rose beyond noise
-            if policy[h] is not None and policy[i] is not None and \
-                    policy[i][0] - policy[h][0] > z * math.hypot(policy[h][1], policy[i][1]):
+            # and its held-out accuracy did not fall beyond noise
+            rose, held = beyond(policy, h, i), beyond(heldout, h, i)
+            if rose is not None and rose > 1 and (held is None or held >= -1):
                 continue
+            why = ("sample_accuracy did not rise beyond its noise" if rose is None or rose <= 1 else
+                   f"held-out accuracy fell {heldout[h][0]:.3f} -> {heldout[i][0]:.3f} beyond its noise")
             alarms.append(
                 f"{labels[i]}: {key} fell two iterations running {a:.2f} -> {b:.2f} -> {c:.2f} "
-                f"({c - a:+.3f}, beyond {z:g} s.e. of the difference = {bound:.3f}) while sample_accuracy "
-                f"did not rise beyond its noise (judge degrading?)")
+                f"({c - a:+.3f}, beyond {z:g} s.e. of the difference = {bound:.3f}) while {why} "
+                f"(judge degrading?)")
     order = {label: i for i, label in enumerate(labels)}
     return sorted(alarms, key=lambda m: order.get(m.split(":", 1)[0], 0))
 
