@@ -12,8 +12,9 @@ the task's problem sets and every stage), then keeps its per-iteration metrics i
 `<out>/<name>/s<seed>.json` (experiment refs and the DVC cache do not travel with a clone; these
 files do). `<out>/table.md` holds, per variant, held-out and test-time accuracy at every iteration
 and the gain it0 -> last as mean +- sd over the seeds that finished (with the per-seed values),
-judge quality, and how many seeds raised the reward-hacking alarm; `<out>/accuracy.png` plots the
-same with error bars. A finished result is not run again unless --force.
+judge quality, and how many seeds raised the reward-hacking alarm; `<out>/comparison.md` the same
+in one row per variant, with each variant's last held-out accuracy against the default's at the
+same seeds; `<out>/accuracy.png` plots the accuracies with error bars. A finished result is not run again unless --force.
 """
 
 from __future__ import annotations
@@ -206,6 +207,52 @@ def table(groups: dict[str, list[dict]], its: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def paired(runs: list[dict], base: list[dict], key: str, it: str) -> list[float]:
+    """Per seed, the variant's value minus the baseline's at the same seed (the same base model and
+    problem sets), over the seeds both have."""
+    theirs = {r["seed"]: r["metrics"].get(it, {}).get(key) for r in base}
+    return [r["metrics"][it][key] - theirs[r["seed"]] for r in runs
+            if r["metrics"].get(it, {}).get(key) is not None and theirs.get(r["seed"]) is not None]
+
+
+def beyond_noise(diffs: list[float], level: float = 0.95) -> bool:
+    """A paired t-test over seeds: the `level` interval of the mean difference excludes 0 (at least
+    3 seeds; with 3, the mean must exceed 4.3 standard errors)."""
+    if len(diffs) < 3:
+        return False
+    from scipy.stats import t
+
+    se = statistics.stdev(diffs) / len(diffs) ** 0.5
+    return abs(statistics.mean(diffs)) > t.ppf(0.5 + level / 2, len(diffs) - 1) * se
+
+
+def comparison(groups: dict[str, list[dict]], its: list[str], baseline: str = "default") -> str:
+    """One row per variant: its overrides, the gain it0 -> last on both sets as mean +- sd over seeds,
+    its last held-out accuracy against the baseline's at the same seeds (mean +- sd of the paired
+    differences; **bold** where a paired t-test over at least 3 seeds puts it beyond noise), judge AUC at the last iteration, and how many seeds raised the alarm."""
+    last = its[-1]
+    head = ["variant", "overrides", "seeds", f"held-out {its[0]} -> {last}", f"held-out gain",
+            f"test-time gain", f"held-out {last} - {baseline}'s, same seed", f"judge AUC {last}", "alarm fired"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    base = groups.get(baseline, [])
+    for variant, runs in groups.items():
+        first_acc, last_acc = series(runs, "accuracy", its[0]), series(runs, "accuracy", last)
+        span = (f"{statistics.mean(first_acc):.3f} -> {statistics.mean(last_acc):.3f}"
+                if first_acc and last_acc else "")
+        diff = paired(runs, base, "accuracy", last) if variant != baseline else []
+        vs = mean_sd(diff)
+        if beyond_noise(diff):
+            vs = f"**{vs}**"
+        tested = [r for r in runs if any(k.endswith("_se") for m in r["metrics"].values() for k in m)]
+        fired = f"{sum(bool(alarms(r, its)) for r in tested)} of {len(tested)}" if tested else "n/a"
+        overrides = ", ".join(f"`{o}`" for o in (runs[0].get("overrides") or [])) or "(none)"
+        lines.append("| " + " | ".join([
+            variant, overrides, str(len(runs)), span, mean_sd(gain(runs, "accuracy", its[0], last)),
+            mean_sd(gain(runs, "ttt_accuracy", its[0], last)), vs if variant != baseline else "",
+            mean_sd(series(runs, "judge_auc", last)), fired]) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def plot(groups: dict[str, list[dict]], its: list[str], path: Path) -> None:
     """Held-out and test-time accuracy per iteration, mean with +- sd error bars, one line per variant."""
     import matplotlib
@@ -242,6 +289,8 @@ def write_reports(out: Path, root: Path = ROOT) -> str:
     text = table(groups, its)
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(text)
+    if groups:
+        (out / "comparison.md").write_text(comparison(groups, its))
     if groups:
         plot(groups, its, out / "accuracy.png")
     return text

@@ -55,3 +55,21 @@ def test_table_gives_mean_sd_and_per_seed_values():
     assert "0.200 +- 0.141 (0.10, 0.30)" in row  # the gain it0 -> it1
     assert "n/a (no s.e. recorded)" in row
     assert mean_sd([0.5]) == "0.500 (1 seed)"
+
+
+def test_comparison_pairs_seeds_and_bolds_only_a_difference_beyond_noise():
+    from scripts.seeds import beyond_noise, comparison
+
+    def run(seed: int, a0: float, a1: float) -> dict:
+        return {"seed": seed, "overrides": ["train.algorithm=dpo"],
+                "metrics": {"it0": {"accuracy": a0, "ttt_accuracy": a0}, "it1": {"accuracy": a1, "ttt_accuracy": a1}}}
+
+    base = [run(s, a0, a1) for s, (a0, a1) in enumerate([(0.4, 0.5), (0.5, 0.6), (0.3, 0.4)])]
+    steady = [run(s, a0, a1) for s, (a0, a1) in enumerate([(0.4, 0.60), (0.5, 0.71), (0.3, 0.49)])]
+    noisy = [run(s, a0, a1) for s, (a0, a1) in enumerate([(0.4, 0.70), (0.5, 0.55), (0.3, 0.40)])]
+    rows = comparison({"default": base, "steady": steady, "noisy": noisy}, ["it0", "it1"]).splitlines()
+    # steady: +0.10, +0.11, +0.09 over the default at the same seed; noisy: +0.20, -0.05, 0.00
+    assert "| **0.100 +- 0.010 (0.10, 0.11, 0.09)** |" in rows[3]
+    assert "| 0.050 +- 0.132 (0.20, -0.05, 0.00) |" in rows[4]
+    assert rows[3].startswith("| steady | `train.algorithm=dpo` | 3 | 0.400 -> 0.600 |")
+    assert not beyond_noise([0.1, 0.1]) and beyond_noise([0.1, 0.11, 0.09]) and not beyond_noise([0.1, 0.2, -0.05])
