@@ -253,33 +253,50 @@ def comparison(groups: dict[str, list[dict]], its: list[str], baseline: str = "d
     return "\n".join(lines) + "\n"
 
 
+def families(names: list[str], baseline: str = "default") -> dict[str, list[str]]:
+    """Variants by the prefix of their name (`judge-`, `algo-`, ...), the baseline in each family;
+    with no prefixed names, one family of all."""
+    fams: dict[str, list[str]] = {}
+    for name in names:
+        if name != baseline and "-" in name:
+            fams.setdefault(name.split("-", 1)[0], []).append(name)
+    if not fams:
+        return {"": list(names)}
+    lone = [n for n in names if n != baseline and "-" not in n]
+    return {fam: ([baseline] if baseline in names else []) + members + lone for fam, members in fams.items()}
+
+
 def plot(groups: dict[str, list[dict]], its: list[str], path: Path) -> None:
-    """Held-out and test-time accuracy per iteration, mean with +- sd error bars, one line per variant."""
+    """Held-out and test-time accuracy per iteration, mean with +- sd error bars, one line per variant,
+    one row of two panels per family of variants."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-    for ax, key, title in zip(axes, ("accuracy", "ttt_accuracy"), ("held-out accuracy", "test-time accuracy")):
-        for variant, runs in groups.items():
-            xs, means, sds = [], [], []
-            for i, it in enumerate(its):
-                vals = series(runs, key, it)
-                if vals:
-                    xs.append(i)
-                    means.append(statistics.mean(vals))
-                    sds.append(statistics.stdev(vals) if len(vals) > 1 else 0.0)
-            ax.errorbar(xs, means, yerr=sds, marker="o", capsize=3,
-                        label=f"{variant} (n={len(runs)})")
-        ax.set_xticks(range(len(its)), its)
-        ax.set_title(title + " (mean +- sd over seeds)")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("accuracy")
-    axes[1].legend(fontsize=8)
+    fams = families(list(groups))
+    fig, axes = plt.subplots(len(fams), 2, figsize=(11, 3.6 * len(fams)), sharey=True, squeeze=False)
+    for row, (fam, names) in zip(axes, fams.items()):
+        for ax, key, title in zip(row, ("accuracy", "ttt_accuracy"), ("held-out accuracy", "test-time accuracy")):
+            for variant in names:
+                runs = groups[variant]
+                xs, means, sds = [], [], []
+                for i, it in enumerate(its):
+                    vals = series(runs, key, it)
+                    if vals:
+                        xs.append(i)
+                        means.append(statistics.mean(vals))
+                        sds.append(statistics.stdev(vals) if len(vals) > 1 else 0.0)
+                ax.errorbar(xs, means, yerr=sds, marker="o", capsize=3, label=f"{variant} (n={len(runs)})",
+                            **({"color": "black", "linewidth": 2} if variant == "default" else {}))
+            ax.set_xticks(range(len(its)), its)
+            ax.set_title(f"{fam + ': ' if fam else ''}{title} (mean +- sd over seeds)", fontsize=10)
+            ax.grid(alpha=0.3)
+        row[0].set_ylabel("accuracy")
+        row[1].legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, metadata={"Software": None})
+    fig.savefig(path, dpi=100, metadata={"Software": None})
     plt.close(fig)
 
 
@@ -291,7 +308,6 @@ def write_reports(out: Path, root: Path = ROOT) -> str:
     (out / "table.md").write_text(text)
     if groups:
         (out / "comparison.md").write_text(comparison(groups, its))
-    if groups:
         plot(groups, its, out / "accuracy.png")
     return text
 

@@ -73,3 +73,11 @@ def test_comparison_pairs_seeds_and_bolds_only_a_difference_beyond_noise():
     assert "| 0.050 +- 0.132 (0.20, -0.05, 0.00) |" in rows[4]
     assert rows[3].startswith("| steady | `train.algorithm=dpo` | 3 | 0.400 -> 0.600 |")
     assert not beyond_noise([0.1, 0.1]) and beyond_noise([0.1, 0.11, 0.09]) and not beyond_noise([0.1, 0.2, -0.05])
+
+
+def test_variants_are_plotted_by_family_with_the_default_in_each():
+    from scripts.seeds import families
+
+    assert families(["default", "judge-a", "judge-b", "algo-dpo"]) == {
+        "judge": ["default", "judge-a", "judge-b"], "algo": ["default", "algo-dpo"]}
+    assert families(["co_reward", "verifier"]) == {"": ["co_reward", "verifier"]}
