@@ -106,6 +106,7 @@ def run_experiment(name: str, args: list[str], dest: Path, *, force: bool = Fals
         return dest
     check_clean_params(root)
     base = committed_params(root)
+    staged = subprocess.run(["git", "diff", "--cached", "--quiet", "HEAD", "--", "params.yaml"], cwd=root).returncode
     env = dict(os.environ)
     if timings is not None:
         timings.parent.mkdir(parents=True, exist_ok=True)
@@ -120,6 +121,8 @@ def run_experiment(name: str, args: list[str], dest: Path, *, force: bool = Fals
         ran = (root / "params.yaml").read_text()
     finally:
         (root / "params.yaml").write_text(base)
+        if staged == 0:  # dvc exp run stages the params it ran; unstage them again
+            subprocess.run(["git", "reset", "-q", "HEAD", "--", "params.yaml"], cwd=root, check=False)
     if rc != 0:
         print(f"{name}: failed (exit {rc})", file=sys.stderr)
         return None

@@ -81,3 +81,51 @@ def test_variants_are_plotted_by_family_with_the_default_in_each():
     assert families(["default", "judge-a", "judge-b", "algo-dpo"]) == {
         "judge": ["default", "judge-a", "judge-b"], "algo": ["default", "algo-dpo"]}
     assert families(["co_reward", "verifier"]) == {"": ["co_reward", "verifier"]}
+
+
+def _tiny_dvc_project(root):
+    """A DVC project of one stage that writes each iteration's metrics from params.yaml."""
+    import subprocess
+
+    root.mkdir()
+    (root / "params.yaml").write_text("seed: 0\nloop:\n  it1: {prev: it0}\nx: 1\ny: 1\n")
+    (root / "write.py").write_text(
+        "import json, pathlib, yaml\n"
+        "p = yaml.safe_load(open('params.yaml'))\n"
+        "for it in ('it0', 'it1'):\n"
+        "    d = pathlib.Path('reports/iterations') / it\n"
+        "    d.mkdir(parents=True, exist_ok=True)\n"
+        "    (d / 'metrics.json').write_text(json.dumps({'accuracy': p['x'] / 10, 'ttt_accuracy': p['y'] / 10}))\n")
+    (root / "dvc.yaml").write_text(
+        "stages:\n  write:\n    cmd: python write.py\n    deps: [write.py]\n    params: [x, y, seed]\n"
+        "    outs: [reports/iterations]\n")
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "init"]):
+        subprocess.run(cmd, cwd=root, check=True, env={**__import__("os").environ, **env})
+    return root
+
+
+def test_each_experiment_runs_on_heads_params_and_records_what_differed(tmp_path):
+    """`dvc exp run` leaves an experiment's params in the workspace: the next variant must not
+    inherit them (x=2 of the first run must not reach the second)."""
+    import json
+    import shutil
+
+    from scripts.seeds import run_experiment, unexpected_params
+
+    if shutil.which("dvc") is None:
+        pytest.skip("needs dvc")
+    root = _tiny_dvc_project(tmp_path / "proj")
+    head = (root / "params.yaml").read_text()
+    first = run_experiment("a-s0", ["-S", "x=2"], tmp_path / "a.json", root=root, extra={"overrides": ["x=2"]})
+    assert (root / "params.yaml").read_text() == head
+    second = run_experiment("b-s0", ["-S", "y=3"], tmp_path / "b.json", root=root, extra={"overrides": ["y=3"]})
+    a, b = json.loads(first.read_text()), json.loads(second.read_text())
+    assert a["params_diff"] == {"x": 2} and a["metrics"]["it1"]["accuracy"] == 0.2
+    assert b["params_diff"] == {"y": 3} and b["metrics"]["it1"] == {"accuracy": 0.1, "ttt_accuracy": 0.3}
+    assert unexpected_params(b) == {} and unexpected_params({**b, "params_diff": {"x": 2, "y": 3}}) == {"x": 2}
+    # a user's uncommitted change to params.yaml is refused, not folded into every variant
+    (root / "params.yaml").write_text(head.replace("x: 1", "x: 5"))
+    with pytest.raises(SystemExit, match="differs from HEAD"):
+        run_experiment("c-s0", [], tmp_path / "c.json", root=root)
+    assert "x: 5" in (root / "params.yaml").read_text()
