@@ -59,6 +59,31 @@ def committed_params(root: Path = ROOT) -> str:
                           check=True).stdout
 
 
+_LOCKS: dict[Path, Any] = {}
+
+
+def hold_runner_lock(root: Path = ROOT):
+    """An exclusive lock on `<root>/.dvc/tmp/seeds.lock` for this process's lifetime: a second runner
+    in the same workspace would rewrite params.yaml under the first one's stages (each stage reads it
+    when it starts), so it is refused."""
+    import fcntl
+
+    root = root.resolve()
+    if root in _LOCKS:
+        return _LOCKS[root]
+    path = root / ".dvc" / "tmp" / "seeds.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = path.open("a")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise SystemExit(f"{root}: another seeds / real-loops runner holds {path}: one runner per workspace "
+                         "(use a second clone to run two at once)") from None
+    _LOCKS[root] = f
+    return f
+
+
 def check_clean_params(root: Path = ROOT) -> None:
     """Refuse to start while params.yaml differs from HEAD's: `dvc exp run -S` applies its overrides
     to the workspace's params.yaml, so an uncommitted change (or the params a previous experiment
@@ -81,15 +106,22 @@ def params_diff(text: str, base: str) -> dict[str, Any]:
     return {k: new.get(k) for k in sorted(set(new) | set(old)) if new.get(k) != old.get(k)}
 
 
+def _set_by(args: list[str]) -> dict[str, str]:
+    """{key: value} of the `-S key=value` arguments."""
+    return dict(a.partition("=")[::2] for a, prev in zip(args, [None, *args]) if prev == "-S")
+
+
 def unexpected_params(result: dict) -> dict[str, Any]:
-    """Params a kept result ran with beyond its own overrides and seed ({} for a clean run, and for
-    results kept before the diff was recorded)."""
+    """Params a kept result ran with other than it says: keys that differ from HEAD's beyond its own
+    `-S` overrides and seed, and overrides whose recorded value is not the one asked for ({} for a
+    clean run, and for results kept before the params were recorded)."""
     if "params_diff" not in result:
         return {}
-    meant = {"seed"} | {o.partition("=")[0] for o in result.get("overrides") or []}
-    args = result.get("args") or []
-    meant |= {a.partition("=")[0] for a, prev in zip(args, [None, *args]) if prev == "-S"}
-    return {k: v for k, v in result["params_diff"].items() if k not in meant}
+    asked = _set_by(result.get("args") or []) | dict(o.partition("=")[::2] for o in result.get("overrides") or [])
+    stray = {k: v for k, v in result["params_diff"].items() if k not in asked and k != "seed"}
+    ran = result.get("params_set") or {}
+    stray |= {k: ran.get(k) for k, v in asked.items() if k in ran and ran[k] != yaml.safe_load(v)}
+    return stray
 
 
 def run_experiment(name: str, args: list[str], dest: Path, *, force: bool = False, root: Path = ROOT,
@@ -104,6 +136,7 @@ def run_experiment(name: str, args: list[str], dest: Path, *, force: bool = Fals
     if dest.exists() and not force:
         print(f"{name}: done already ({dest})", flush=True)
         return dest
+    hold_runner_lock(root)
     check_clean_params(root)
     base = committed_params(root)
     staged = subprocess.run(["git", "diff", "--cached", "--quiet", "HEAD", "--", "params.yaml"], cwd=root).returncode
@@ -130,6 +163,7 @@ def run_experiment(name: str, args: list[str], dest: Path, *, force: bool = Fals
                for it in iterations(root)}
     result = {"experiment": name, "args": args, "wall_seconds": round(wall, 1), **(extra or {}),
               "params_diff": params_diff(ran, base), "machine": machine(),
+              "params_set": {k: flat(yaml.safe_load(ran)).get(k) for k in _set_by(args)},
               "metrics": {it: {k: m[k] for k in KEYS if k in m} for it, m in metrics.items()}}
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")

@@ -123,9 +123,24 @@ def test_each_experiment_runs_on_heads_params_and_records_what_differed(tmp_path
     a, b = json.loads(first.read_text()), json.loads(second.read_text())
     assert a["params_diff"] == {"x": 2} and a["metrics"]["it1"]["accuracy"] == 0.2
     assert b["params_diff"] == {"y": 3} and b["metrics"]["it1"] == {"accuracy": 0.1, "ttt_accuracy": 0.3}
-    assert unexpected_params(b) == {} and unexpected_params({**b, "params_diff": {"x": 2, "y": 3}}) == {"x": 2}
+    assert b["params_set"] == {"y": 3} and unexpected_params(b) == {}
+    assert unexpected_params({**b, "params_diff": {"x": 2, "y": 3}}) == {"x": 2}  # another's override
+    assert unexpected_params({**b, "params_diff": {}, "params_set": {"y": 1}}) == {"y": 1}  # it did not take
     # a user's uncommitted change to params.yaml is refused, not folded into every variant
     (root / "params.yaml").write_text(head.replace("x: 1", "x: 5"))
     with pytest.raises(SystemExit, match="differs from HEAD"):
         run_experiment("c-s0", [], tmp_path / "c.json", root=root)
     assert "x: 5" in (root / "params.yaml").read_text()
+
+
+def test_a_second_runner_in_the_same_workspace_is_refused(tmp_path):
+    import fcntl
+
+    from scripts.seeds import hold_runner_lock
+
+    (tmp_path / ".dvc" / "tmp").mkdir(parents=True)
+    with (tmp_path / ".dvc" / "tmp" / "seeds.lock").open("a") as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # what another runner's process holds
+        with pytest.raises(SystemExit, match="one runner per workspace"):
+            hold_runner_lock(tmp_path)
+    assert hold_runner_lock(tmp_path) is hold_runner_lock(tmp_path)  # once free, held for the process
