@@ -206,7 +206,8 @@ def load_results(out: Path) -> dict[str, list[dict]]:
             print(f"{f}: left out: it ran with params beyond its overrides {stray}", file=sys.stderr)
             continue
         groups.setdefault(r.get("variant") or r.get("judge") or f.parent.name, []).append(r)
-    return {k: sorted(v, key=lambda r: r["seed"]) for k, v in groups.items()}
+    order = sorted(groups, key=lambda k: (k != "default", k))  # the baseline first
+    return {k: sorted(groups[k], key=lambda r: r["seed"]) for k in order}
 
 
 def series(runs: list[dict], key: str, it: str) -> list[float]:
