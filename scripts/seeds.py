@@ -14,7 +14,8 @@ files do). `<out>/table.md` holds, per variant, held-out and test-time accuracy 
 and the gain it0 -> last as mean +- sd over the seeds that finished (with the per-seed values),
 judge quality, and how many seeds raised the reward-hacking alarm; `<out>/comparison.md` the same
 in one row per variant, with each variant's last held-out accuracy against the default's at the
-same seeds; `<out>/accuracy.png` plots the accuracies with error bars. A finished result is not run again unless --force.
+same seeds; `<out>/accuracy.png` plots the accuracies with error bars. A finished result is not
+run again unless --force.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def unexpected_params(result: dict) -> dict[str, Any]:
     clean run, and for results kept before the params were recorded)."""
     if "params_diff" not in result:
         return {}
-    asked = _set_by(result.get("args") or []) | dict(o.partition("=")[::2] for o in result.get("overrides") or [])
+    asked = _set_by(result.get("args") or []) | _set_by([x for o in result.get("overrides") or [] for x in ("-S", o)])
     stray = {k: v for k, v in result["params_diff"].items() if k not in asked and k != "seed"}
     ran = result.get("params_set") or {}
     stray |= {k: ran.get(k) for k, v in asked.items() if k in ran and ran[k] != yaml.safe_load(v)}
@@ -173,17 +174,16 @@ def run_experiment(name: str, args: list[str], dest: Path, *, force: bool = Fals
     return dest
 
 
-def machine() -> dict[str, str]:
-    """Where a result ran: the CPU's floating point differs between machines (AVX2 / AVX-512), and
-    the same seed then trains a different tiny base model."""
+def machine() -> dict[str, Any]:
+    """Where a result ran: the CPU's vector extensions and the kernel pins in force (stages/__init__.py),
+    since unpinned AVX2 and AVX-512 kernels train different tiny base models from one seed."""
     import platform
 
-    flags = ""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        line = next((ln for ln in cpuinfo.read_text().splitlines() if ln.startswith("flags")), "")
-        flags = " ".join(f for f in ("avx2", "avx512f") if f in line.split())
-    return {"processor": platform.processor() or platform.machine(), "isa": flags}
+    from stages import cpu_flags, pin_cpu_kernels
+
+    flags = cpu_flags()
+    return {"processor": platform.processor() or platform.machine(),
+            "isa": " ".join(f for f in ("avx2", "avx512f") if f in flags), "pins": pin_cpu_kernels()}
 
 
 def mean_sd(values: list[float]) -> str:
@@ -267,10 +267,11 @@ def beyond_noise(diffs: list[float], level: float = 0.95) -> bool:
 def comparison(groups: dict[str, list[dict]], its: list[str], baseline: str = "default") -> str:
     """One row per variant: its overrides, the gain it0 -> last on both sets as mean +- sd over seeds,
     its last held-out accuracy against the baseline's at the same seeds (mean +- sd of the paired
-    differences; **bold** where a paired t-test over at least 3 seeds puts it beyond noise), judge AUC at the last iteration, and how many seeds raised the alarm."""
+    differences; **bold** where a paired t-test over at least 3 seeds puts it beyond noise), judge
+    AUC at the last iteration, and how many seeds raised the alarm."""
     last = its[-1]
-    head = ["variant", "overrides", "seeds", f"held-out {its[0]} -> {last}", f"held-out gain",
-            f"test-time gain", f"held-out {last} - {baseline}'s, same seed", f"judge AUC {last}", "alarm fired"]
+    head = ["variant", "overrides", "seeds", f"held-out {its[0]} -> {last}", "held-out gain",
+            "test-time gain", f"held-out {last} - {baseline}'s, same seed", f"judge AUC {last}", "alarm fired"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     base = groups.get(baseline, [])
     for variant, runs in groups.items():

@@ -17,14 +17,17 @@ import os
 import platform
 
 
-def _has_avx2() -> bool:
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (/proc/cpuinfo), empty where that cannot be read."""
     try:
         with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and "avx2" in line.split() for line in f)
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
     except OSError:
-        return False
+        return set()
+
+
+def _has_avx2() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64") and "avx2" in cpu_flags()
 
 
 def pin_cpu_kernels() -> dict[str, str]:
