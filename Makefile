@@ -51,7 +51,8 @@ test-slow: install  ## the real-model tests: a one-iteration loop on SmolLM2-135
 SMOL := models/smollm2-135m-instruct
 JUDGE ?= co_reward
 SEED ?= 0
-SMOL_RECIPE := -S model.base=$(SMOL) -S model.max_length=1024 -S task.name=word_math \
+ENGINE ?= ct2
+SMOL_RECIPE := -S model.base=$(SMOL) -S model.max_length=1024 -S sample.backend=$(ENGINE) -S task.name=word_math \
 	-S 'task.instruction=Answer with the final number only.' -S task.heldout_size=48 -S task.ttt_size=32 \
 	-S evolve.strategy=fixed -S evolve.fresh=8 -S evolve.rewrites=1 \
 	-S sample.k=4 -S sample.temperature=0.3 -S sample.max_new_tokens=48 -S sample.batch_size=256 \
@@ -60,7 +61,7 @@ SMOL_RECIPE := -S model.base=$(SMOL) -S model.max_length=1024 -S task.name=word_
 	-S train.lr=0.0002 -S train.lora.r=8 -S train.lora.alpha=16 \
 	-S evaluate.k=4 -S evaluate.temperature=0.3 -S evaluate.max_new_tokens=48 -S evaluate.batch_size=256
 
-loop-smollm2: smollm2  ## the loop on SmolLM2-135M-Instruct, word problems, as DVC experiment smol-JUDGE-sSEED (JUDGE=co_reward SEED=0; TARGET=evaluate@it2 stops there)
+loop-smollm2: smollm2  ## the loop on SmolLM2-135M-Instruct, word problems, as DVC experiment smol-JUDGE-sSEED (JUDGE=co_reward SEED=0 ENGINE=ct2|hf; TARGET=evaluate@it2 stops there)
 	dvc exp run -n smol-$(JUDGE)-s$(SEED) $(SMOL_RECIPE) -S judge.method=$(JUDGE) -S seed=$(SEED) $(TARGET)
 
 loops-smollm2: smollm2  ## the real-model comparison: each judge over seeds, results to reports/smollm2/ (JUDGES=..., SEEDS=...)

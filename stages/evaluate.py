@@ -159,6 +159,7 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iteration", required=True)
     p.add_argument("--model", required=True, help="in: the model to evaluate")
     p.add_argument("--base", help="in: the base model (it0) that adapter chains apply to")
+    p.add_argument("--engine", help="in: the model's engine dir (its CTranslate2 conversion)")
     p.add_argument("--heldout", required=True)
     p.add_argument("--ttt", required=True)
     p.add_argument("--train-metrics", required=True, help="in: training metrics of this model")
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     def body(args: argparse.Namespace, params: Params) -> None:
         step = params.iteration_index(args.iteration)
         set_threads()
-        sampler = open_sampler(args.model, params.sample, params.security, args.base, params.model)
+        sampler = open_sampler(args.model, params.sample, params.security, args.base, params.model, args.engine)
         heldout = art.read_table(args.heldout, art.PROMPTS)
         ttt = art.read_table(args.ttt, art.PROMPTS)
         metrics = {"iteration": args.iteration, "step": step}

@@ -44,6 +44,7 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", required=True, help="in: this iteration's prompts")
     p.add_argument("--model", required=True, help="in: the iteration's starting model")
     p.add_argument("--base", help="in: the base model (it0) that adapter chains apply to")
+    p.add_argument("--engine", help="in: the model's engine dir (its CTranslate2 conversion)")
     p.add_argument("--out", required=True, help="out: samples (parquet)")
 
 
@@ -52,11 +53,13 @@ def main(argv: list[str] | None = None) -> None:
         params.iteration_index(args.iteration)
         set_threads()
         prompts = art.read_table(args.prompts, art.PROMPTS)
-        sampler = open_sampler(args.model, params.sample, params.security, args.base, params.model)
+        sampler = open_sampler(args.model, params.sample, params.security, args.base, params.model, args.engine)
         df = sample(sampler, prompts, params.sample, derive_seed(params.seed, "sample", args.iteration),
                     task_for(params.task))
         prov = stage_provenance("sample", args.iteration, params, ("seed", "model", "sample", "security"), [args.out])
         prov["backend"] = sampler.backend
+        if getattr(sampler, "compute_type", None):
+            prov["compute_type"] = sampler.compute_type
         art.write_table(df, args.out, art.SAMPLES, prov)
 
     run_stage("sample", _args, body, argv)

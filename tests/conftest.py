@@ -20,7 +20,7 @@ TINY = {
         "train_size": 200, "steps": 30, "batch_size": 32, "warmup_steps": 5,
     },
     "evolve": {"fresh": 6, "keep_top": 4, "rewrites": 2},
-    "sample": {"k": 2, "max_new_tokens": 4, "batch_size": 256},
+    "sample": {"backend": "hf", "k": 2, "max_new_tokens": 4, "batch_size": 256},  # as params.yaml
     "judge": {"method": "co_reward"},
     "train": {"epochs": 1, "batch_size": 32},
     "evaluate": {"k": 2, "batch_size": 256},

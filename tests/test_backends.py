@@ -1,4 +1,4 @@
-"""Sampling backends (hf, vllm) and batched log-prob scoring on a real tiny model."""
+"""Sampling backends (hf, ct2, vllm) and batched log-prob scoring on a real tiny model."""
 
 import math
 
@@ -9,6 +9,7 @@ import yaml
 
 from stages import sample as sample_stage
 from stages.lib.backends import HFSampler, open_sampler, resolve_backend, vllm_unavailable
+from stages.lib.ct2 import ct2_unavailable
 from stages.lib.config import SampleBackend, SampleConfig
 from stages.lib.errors import ConfigError, PipelineError
 from stages.lib.generation import SamplingSpec, encode_for_training, generate, memory_cap, score
@@ -24,8 +25,12 @@ def model_dir(tok, trained, tmp_path_factory):
     return path
 
 
-def test_auto_falls_back_to_hf_without_vllm_or_gpu(model_dir):
+def test_auto_takes_vllm_then_ct2_then_hf(model_dir, monkeypatch):
     if NO_VLLM:
+        want = SampleBackend.hf if ct2_unavailable() else SampleBackend.ct2
+        assert resolve_backend(SampleBackend.auto) == want
+        assert open_sampler(model_dir, SampleConfig()).backend == want.value
+        monkeypatch.setattr("stages.lib.backends.ct2_unavailable", lambda: "not installed")
         assert resolve_backend(SampleBackend.auto) == SampleBackend.hf
         assert open_sampler(model_dir, SampleConfig()).backend == "hf"
     else:

@@ -9,12 +9,14 @@ import pytest
 import yaml
 
 from flows.dag import stage_commands as dag_commands
-from stages import check_params, evaluate, evolve, judge, pairs, prepare, report, sample, train
+from stages import check_params, engine, evaluate, evolve, judge, pairs, prepare, report, sample, train
 from stages.lib import artifacts as art
+from stages.lib.ct2 import ct2_unavailable
 
 from .conftest import ROOT
 
-MODULES = {m.__name__.split(".")[-1]: m for m in (check_params, prepare, evolve, sample, judge, pairs, train, evaluate, report)}
+MODULES = {m.__name__.split(".")[-1]: m for m in (check_params, prepare, engine, evolve, sample, judge, pairs, train,
+                                                  evaluate, report)}
 
 
 def stage_commands() -> list[list[str]]:
@@ -71,6 +73,26 @@ def test_whole_loop_in_process(tmp_path, tiny_params_file, monkeypatch, capsys):
     assert table.loc[table["iteration"] == "it3", list(mix)].iloc[0].tolist() == pytest.approx(list(mix.values()))
     assert all((tmp_path / "reports/figures" / f).stat().st_size > 1000
                for f in ("accuracy.png", "judge.png", "reward.png"))
+
+
+@pytest.mark.skipif(bool(ct2_unavailable()), reason=f"{ct2_unavailable()}")
+def test_whole_loop_on_ct2(tmp_path, tiny_raw, monkeypatch):
+    """sample.backend ct2: each iteration's model converted once (engine stages), then sampled and
+    evaluated through the conversion; a rerun converts to the same bytes and samples the same."""
+    tiny_raw["sample"]["backend"] = "ct2"
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(tiny_raw))
+    run_all(tmp_path, params, monkeypatch)
+    for it in ("it0", "it1", "it2", "it3"):
+        assert art.read_json(tmp_path / f"data/{it}/engine/engine.json")["engine"] == "ct2"
+        assert {"accuracy", "ttt_accuracy", "maj_accuracy"} <= set(art.read_json(f"reports/iterations/{it}/metrics.json"))
+    assert art.read_provenance(tmp_path / "data/it2/samples.parquet")["backend"] == "ct2"
+    outs = ["data/it1/engine/ct2/model.bin", "data/it2/samples.parquet"]
+    before = {o: (tmp_path / o).read_bytes() for o in outs}
+    for name in ("engine@it1", "sample@it2"):
+        argv = stage_argv(name)
+        MODULES[name.split("@")[0]].main(argv + ["--params", str(params)])
+    assert {o: (tmp_path / o).read_bytes() for o in outs} == before
 
 
 def test_stage_rerun_is_byte_identical(tmp_path, tiny_params_file, monkeypatch):

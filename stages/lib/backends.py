@@ -1,11 +1,12 @@
-"""Sampling backends behind one interface: batched `transformers` (hf) and vLLM.
+"""Sampling backends behind one interface: batched `transformers` (hf), CTranslate2 (ct2) and vLLM.
 
-`sample.backend: auto` takes vLLM when it is installed and a CUDA GPU is visible, else hf. vLLM
-is imported only when it is used (it is the optional `gpu` extra). It loads a plain HF directory:
-an iteration stored as an adapter chain (or a base record) is merged once per stage into a
-temporary standalone copy (the same code as `stages.export`). Both engines get the same prompt
-token ids from the model's chat format and stop on the same ids, and both return `Generations`
-(texts and truncation), so the stages write the same schema whichever engine ran.
+`sample.backend: auto` takes vLLM when it is installed and a CUDA GPU is visible, else CTranslate2
+when it is installed (stages/lib/ct2.py: the CPU engine, on the iteration's converted model), else
+hf. vLLM is imported only when it is used (it is the optional `gpu` extra). It loads a plain HF
+directory: an iteration stored as an adapter chain (or a base record) is merged once per stage
+into a temporary standalone copy (the same code as `stages.export`). Every engine gets the same
+prompt token ids from the model's chat format and stops on the same ids, and each returns
+`Generations` (texts and truncation), so the stages write the same schema whichever engine ran.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Protocol
 import torch
 
 from .chat import ChatFormat
+from .ct2 import ct2_unavailable, open_ct2, read_engine
 from .config import ModelConfig, SampleBackend, SampleConfig, SecurityConfig, VllmConfig
 from .errors import ConfigError, PipelineError
 from .generation import Generations, SamplingSpec, chat_format, generate
@@ -243,16 +245,34 @@ def vllm_unavailable() -> str | None:
 
 
 def resolve_backend(requested: SampleBackend) -> SampleBackend:
+    """`auto`: vLLM where it can run (a GPU), else CTranslate2 where it is installed, else hf."""
     if requested == SampleBackend.auto:
-        return SampleBackend.hf if vllm_unavailable() else SampleBackend.vllm
+        if not vllm_unavailable():
+            return SampleBackend.vllm
+        return SampleBackend.hf if ct2_unavailable() else SampleBackend.ct2
     return requested
 
 
 def open_sampler(model_dir: str | Path, cfg: SampleConfig, security: SecurityConfig = SecurityConfig(),
-                 base: str | Path | None = None, model_cfg: ModelConfig = ModelConfig()) -> Sampler:
-    """The configured engine, loaded with the model in `model_dir` (on `base` if it is a chain)."""
+                 base: str | Path | None = None, model_cfg: ModelConfig = ModelConfig(),
+                 engine: str | Path | None = None) -> Sampler:
+    """The configured engine, loaded with the model in `model_dir` (on `base` if it is a chain).
+
+    `engine`: the model's engine dir (the `engine` stage's output). CTranslate2 runs its conversion;
+    where `auto` found the model unconvertible it says hf. Without one, ct2 converts now."""
     backend = resolve_backend(cfg.backend)
+    if backend == SampleBackend.ct2 and engine is not None and read_engine(engine)["engine"] != "ct2":
+        record = read_engine(engine)
+        if cfg.backend != SampleBackend.auto:
+            raise PipelineError(f"{engine}: made for {record['engine']}, not ct2; rerun its engine stage")
+        log.info("sampling backend: hf (%s)", record.get("fallback", "the engine dir holds no ct2 model"))
+        backend = SampleBackend.hf
     log.info("sampling backend: %s", backend.value)
     if backend == SampleBackend.vllm:
         return VLLMSampler(model_dir, cfg.gpu_memory_utilization, security, base, model_cfg, cfg.vllm)
+    if backend == SampleBackend.ct2:
+        reason = ct2_unavailable()
+        if reason:
+            raise PipelineError(f"sample.backend: ct2 cannot run here: {reason}")
+        return open_ct2(engine, model_dir, base, cfg.ct2, security, model_cfg)
     return HFSampler(*load_model(model_dir, security=security, base=base, model_cfg=model_cfg))

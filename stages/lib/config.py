@@ -202,9 +202,28 @@ class EvolveConfig(_Section):
 
 
 class SampleBackend(str, enum.Enum):
-    auto = "auto"  # vllm when it is installed and a GPU is present, else hf
+    auto = "auto"  # vllm with a GPU, else ct2 when installed and the model converts, else hf
     hf = "hf"  # batched `transformers` generation (CPU or GPU)
+    ct2 = "ct2"  # CTranslate2 on the iteration's converted model (data/itN/engine)
     vllm = "vllm"  # the `gpu` extra; GPU only
+
+
+class Ct2ComputeType(str, enum.Enum):
+    float32 = "float32"  # exact enough for on-policy log-probs: greedy outputs equal hf's
+    int8 = "int8"  # weights quantised at load time: faster, other outputs than the model's own
+    int8_float32 = "int8_float32"
+
+
+class Ct2Config(_Section):
+    compute_type: Ct2ComputeType = Field(
+        Ct2ComputeType.float32, description="ct2: precision at load time (the converted model is float32)")
+    threads: int = Field(0, ge=0, description="ct2: CPU threads in all (0: every core)")
+    batch_size: int = Field(
+        64, ge=1, description="ct2: sequences decoded together (batch_size // n prompts); on 2 cores 64 "
+        "decoded faster than 128 or 512 (finished rows leave the batch, so large batches buy little)")
+    inter_threads: int = Field(
+        2, ge=1, description="ct2: batches decoded in parallel, each on threads / inter_threads cores "
+        "(small models decode faster as several single-threaded batches)")
 
 
 class VllmConfig(_Section):
@@ -229,6 +248,7 @@ class SampleConfig(_Section):
     )
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vllm: share of GPU memory it may take")
     vllm: VllmConfig = VllmConfig()
+    ct2: Ct2Config = Ct2Config()
 
 
 class JudgeMethod(str, enum.Enum):

@@ -1,0 +1,66 @@
+"""Stage `engine`: the iteration's model made ready for the inference engine, once per iteration.
+
+With `sample.backend` ct2 (or `auto` on a CPU where CTranslate2 is installed) the model, merged
+with its adapters, is converted into CTranslate2's format here, and every stage that samples or
+evaluates this model loads the conversion (stages/lib/ct2.py) instead of converting again. For
+hf and vLLM there is nothing to convert: the directory only records the engine. With `auto`, a model
+the converter does not know falls back to hf (recorded with the reason); with `ct2` it is an error
+naming the architecture.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+from .lib import artifacts as art
+from .lib.cli import run_stage, stage_provenance
+from .lib.config import Params, SampleBackend
+from .lib.ct2 import ENGINE_FILE
+
+log = logging.getLogger(__name__)
+
+
+def _args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--iteration", required=True)
+    p.add_argument("--model", required=True, help="in: the iteration's model")
+    p.add_argument("--base", help="in: the base model (it0) that adapter chains apply to")
+    p.add_argument("--out", required=True, help="out: the engine dir (engine.json, and the converted model)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    def body(args: argparse.Namespace, params: Params) -> None:
+        if args.iteration != "it0":
+            params.iteration_index(args.iteration)
+        backend = params.sample.backend
+        if backend == SampleBackend.auto:  # only then torch and the engines' modules are imported
+            from .lib.backends import resolve_backend
+
+            backend = resolve_backend(backend)
+        prov = stage_provenance("engine", args.iteration, params, ("model", "security"), [args.out])
+        prov["params"]["sample"] = {"backend": params.sample.backend.value}  # the one sample key it reads
+        with art.atomic_path(args.out, is_dir=True) as tmp:
+            record = {"engine": backend.value}
+            if backend == SampleBackend.ct2:
+                from .lib.ct2 import convert
+                from .lib.errors import ConfigError
+                from .lib.models import set_threads
+
+                set_threads()
+                try:
+                    record = convert(args.model, args.base, tmp, params.security, params.model)
+                except ConfigError as err:
+                    if params.sample.backend != SampleBackend.auto:
+                        raise
+                    log.warning("%s; sampling with hf", err)
+                    record = {"engine": "hf", "fallback": str(err)}
+            (tmp / ENGINE_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            (tmp / "provenance.json").write_text(json.dumps(prov, indent=2, sort_keys=True) + "\n")
+        log.info("%s: %s", args.out, record)
+
+    run_stage("engine", _args, body, argv)
+
+
+if __name__ == "__main__":
+    main()
