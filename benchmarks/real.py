@@ -6,6 +6,9 @@
 1. The model's plain forward pass over 16 x 128 tokens: the token rate no stage can beat.
 2. Sampling through the chat format: 64 prompts in one batched call vs 8 prompts one at a time
    (generated tokens/s), and log-prob scoring of those samples (tokens/s).
+   The engines side by side (`engines`): hf, CTranslate2 float32 and int8 (vLLM where it runs) on
+   64 word problems of the recipe, greedy (k 1) and sampled (k 8) new tokens/s, how many greedy
+   answers equal hf's, and each engine's greedy accuracy with its s.e.
 3. The train stage itself, as a subprocess on 64 of those samples (RAFT, LoRA): batch 64 with
    micro-batches of 8 and, for comparison, of 64; its peak RSS, training tokens/s and the bytes its
    iteration writes (the adapter) against the base model's size.
@@ -32,7 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = {"batched_sampling_vs_forward": 0.5, "train_peak_rss_gb": 4.0, "iteration_bytes_share": 0.05,
-           "orchestration_share": 0.05}
+           "orchestration_share": 0.05, "ct2_k8_vs_hf": 3.0, "ct2_float32_greedy_equal": 0.95}
 
 
 def timed(fn):
@@ -48,6 +51,18 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
+def forward_rate(model) -> float:
+    """Tokens/s of the model's plain forward pass over 16 x 128 tokens: what no stage can beat."""
+    import torch
+
+    ids = torch.randint(0, model.config.vocab_size, (16, 128), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(next(model.parameters()).device)
+    with torch.no_grad():
+        model(input_ids=ids[:2, :32])  # warm-up
+        _, secs = timed(lambda: (model(input_ids=ids), _sync()))
+    return round(ids.numel() / secs, 1)
+
+
 def micro(model_dir: Path) -> tuple[dict, list[str], list[str]]:
     import torch
 
@@ -59,12 +74,7 @@ def micro(model_dir: Path) -> tuple[dict, list[str], list[str]]:
     chat = chat_format(model, tok)
     out: dict = {"threads": torch.get_num_threads(), "device": str(next(model.parameters()).device),
                  "dtype": str(next(model.parameters()).dtype)}
-    ids = torch.randint(0, model.config.vocab_size, (16, 128), generator=torch.Generator().manual_seed(0))
-    ids = ids.to(next(model.parameters()).device)
-    with torch.no_grad():
-        model(input_ids=ids[:2, :32])  # warm-up
-        _, secs = timed(lambda: (model(input_ids=ids), _sync()))
-    out["forward_tokens_per_s"] = round(ids.numel() / secs, 1)
+    out["forward_tokens_per_s"] = forward_rate(model)
     prompts = [f"What is {a} + {b}?" for a, b in zip(range(11, 75), range(30, 94))]
     spec = SamplingSpec(n=1, temperature=0.7, max_new_tokens=32, batch_size=64)
     generate(model, tok, prompts[:4], spec, seed=0, progress=False, chat=chat)  # warm-up
@@ -81,6 +91,66 @@ def micro(model_dir: Path) -> tuple[dict, list[str], list[str]]:
     sc, secs = timed(lambda: score(model, tok, prompts, responses, batch_size=64, progress=False, chat=chat))
     out["scoring_tokens_per_s"] = round(sc.processed_tokens / secs, 1)
     return out, prompts, responses
+
+
+INSTRUCTION = "Answer with the final number only."  # the SmolLM2 recipe's task.instruction
+
+
+def engines(model_dir: Path, n_prompts: int = 64, max_new_tokens: int = 48) -> dict:
+    """hf, ct2 float32 and ct2 int8 (and vLLM where it runs) on the same word problems: new tokens/s
+    greedy (k 1) and sampled (k 8, temperature 0.7), log-prob scoring tokens/s, how many greedy
+    answers equal hf's, and greedy accuracy on the problems (with its binomial s.e.)."""
+    from stages.lib.backends import HFSampler, vllm_unavailable
+    from stages.lib.config import Ct2Config, TaskConfig
+    from stages.lib.ct2 import CT2Sampler, convert, ct2_unavailable
+    from stages.lib.generation import SamplingSpec, score
+    from stages.lib.models import load_model, set_threads
+    from stages.lib.quality import binomial_se
+    from stages.lib.tasks import task_for
+
+    set_threads()
+    task = task_for(TaskConfig(name="word_math", instruction=INSTRUCTION, heldout_size=n_prompts, ttt_size=8))
+    problems = task.sets(0, 0).heldout
+    prompts, gold = list(problems["prompt"]), list(problems["answer"])
+    greedy = SamplingSpec(n=1, greedy=True, max_new_tokens=max_new_tokens, batch_size=64)
+    sampled = SamplingSpec(n=8, temperature=0.7, max_new_tokens=max_new_tokens, batch_size=512)
+    out: dict = {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "task": "word_math",
+                 "instruction": INSTRUCTION}
+    model, tok = load_model(model_dir, device="cpu")
+    out["forward_tokens_per_s"] = forward_rate(model)
+    samplers = {"hf": HFSampler(model, tok)}
+    tmp = tempfile.TemporaryDirectory(prefix="bench-ct2-")
+    if ct2_unavailable():
+        out["ct2"] = ct2_unavailable()
+    else:
+        (_, secs) = timed(lambda: convert(model_dir, None, Path(tmp.name) / "engine"))
+        out["ct2_conversion_seconds"] = round(secs, 1)
+        for compute_type in ("float32", "int8"):
+            samplers[f"ct2_{compute_type}"] = CT2Sampler(Path(tmp.name) / "engine", Ct2Config(compute_type=compute_type))
+    out["vllm"] = vllm_unavailable() or "runs: see the vllm figures"
+    runs: dict = {}
+    for name, sampler in samplers.items():
+        sampler.generate(prompts[:2], greedy, 0, progress=False)  # warm-up
+        res_g, secs_g = timed(lambda: sampler.generate(prompts, greedy, 0, progress=False))
+        res_s, secs_s = timed(lambda: sampler.generate(prompts, sampled, 1, progress=False))
+        preds = [task.extract(r[0]).answer for r in res_g]
+        acc = sum(task.verify(p, a) for p, a in zip(preds, gold)) / len(gold)
+        runs[name] = {"k1_new_tokens_per_s": round(res_g.new_tokens / secs_g, 1),
+                      "k8_new_tokens_per_s": round(res_s.new_tokens / secs_s, 1),
+                      "k1_seconds": round(secs_g, 1), "k8_seconds": round(secs_s, 1),
+                      "greedy_truncated_share": round(res_g.truncated_share(), 3),
+                      "greedy_accuracy": round(acc, 4), "greedy_accuracy_se": round(binomial_se(acc, len(gold)), 4),
+                      "texts": [r[0] for r in res_g]}
+    hf_texts = runs["hf"]["texts"]
+    for r in runs.values():
+        texts = r.pop("texts")
+        r["greedy_equal_to_hf"] = sum(a == b for a, b in zip(texts, hf_texts))
+        r["k1_speedup_vs_hf"] = round(r["k1_new_tokens_per_s"] / runs["hf"]["k1_new_tokens_per_s"], 2)
+        r["k8_speedup_vs_hf"] = round(r["k8_new_tokens_per_s"] / runs["hf"]["k8_new_tokens_per_s"], 2)
+    out["runs"] = runs
+    out["best_k8_vs_forward"] = round(max(r["k8_new_tokens_per_s"] for r in runs.values()) / out["forward_tokens_per_s"], 3)
+    tmp.cleanup()
+    return out
 
 
 def train_stage(model_dir: Path, prompts: list[str], responses: list[str], micro_batch: int, tmp: Path) -> dict:
@@ -163,7 +233,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--loop-seconds", type=float, help="that loop's wall time")
     p.add_argument("--loop-only", action="store_true",
                    help="only the orchestration share: update the `loop` figures of --out, keep the rest")
+    p.add_argument("--engines-only", action="store_true",
+                   help="only the engines' comparison: update the `engines` figures of --out, keep the rest")
     args = p.parse_args(argv)
+    if args.engines_only:
+        out = Path(args.out)
+        result = json.loads(out.read_text()) if out.exists() else {}
+        result["engines"] = engines(Path(args.model))
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps(result["engines"], indent=1))
+        return
     if args.loop_only:
         if not (args.loop_timings and args.loop_seconds):
             p.error("--loop-only needs --loop-timings and --loop-seconds")
@@ -180,6 +259,8 @@ def main(argv: list[str] | None = None) -> None:
     sampling, prompts, responses = micro(model_dir)
     result["inference"] = sampling
     print(json.dumps(sampling), flush=True)
+    result["engines"] = engines(model_dir)
+    print(json.dumps(result["engines"]), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         result["train"] = [train_stage(model_dir, prompts, responses, m, Path(tmp)) for m in (8, 64)]
     print(json.dumps(result["train"]), flush=True)
@@ -188,11 +269,21 @@ def main(argv: list[str] | None = None) -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     t8 = result["train"][0]
+    runs = result["engines"]["runs"]
     checks = {
         "batched_sampling_vs_forward": sampling["batched_sampling_vs_forward"] >= TARGETS["batched_sampling_vs_forward"],
+    }
+    if "ct2_float32" in runs:
+        checks.update({
+            "ct2_k8_vs_hf": max(runs[k]["k8_speedup_vs_hf"] for k in runs) >= TARGETS["ct2_k8_vs_hf"],
+            "best_k8_vs_forward": result["engines"]["best_k8_vs_forward"] >= TARGETS["batched_sampling_vs_forward"],
+            "ct2_float32_greedy_equal": runs["ct2_float32"]["greedy_equal_to_hf"]
+            >= TARGETS["ct2_float32_greedy_equal"] * result["engines"]["prompts"],
+        })
+    checks.update({
         "train_peak_rss_gb": t8["peak_rss_gb"] <= TARGETS["train_peak_rss_gb"],
         "iteration_bytes_share": t8["iteration_bytes_share"] <= TARGETS["iteration_bytes_share"],
-    }
+    })
     if "loop" in result:
         checks["orchestration_share"] = result["loop"]["orchestration_share"] <= TARGETS["orchestration_share"]
     print("targets: " + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in checks.items()))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -188,7 +189,9 @@ class CT2Sampler:
         static = self._tokens([ids[0][:shared]])[0] if shared else None
         inputs = self._tokens([i[shared:] for i in ids])
         order = sorted(range(len(ids)), key=lambda i: (len(ids[i]), i))  # little padding per batch
-        per_call = max(1, self.batch_size // spec.n)  # prompts per batch (spec.batch_size is hf's)
+        workers = self._inter if spec.greedy else 1
+        # prompts per batch (spec.batch_size is hf's), and a batch for every worker even when few
+        per_call = max(1, min(self.batch_size // spec.n, math.ceil(len(prompts) / workers)))
         kwargs = dict(max_length=spec.max_new_tokens, include_prompt_in_result=False, end_token=self.chat.stop_ids,
                       return_end_token=True, num_hypotheses=spec.n, static_prompt=static)
         if spec.greedy:
@@ -199,7 +202,7 @@ class CT2Sampler:
         cut: list[list[bool]] = [[] for _ in prompts]
         new_tokens = 0
         generator = self._generator(spec.greedy, seed)
-        step = per_call * (self._inter if spec.greedy else 1)  # prompts per call: a batch for each worker
+        step = per_call * workers  # prompts per call
         bar = tqdm(total=len(prompts) * spec.n, desc=desc, unit="seq", disable=not progress, mininterval=1.0)
         for start in range(0, len(order), step):
             idx = order[start:start + step]

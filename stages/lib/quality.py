@@ -108,6 +108,23 @@ def binomial_se(p: float | None, n: int | None) -> float | None:
     return math.sqrt(max(p * (1 - p), 0.0) / n)
 
 
+def paired_gain(before: Iterable[Any], after: Iterable[Any], *, n_boot: int = 2000, level: float = 0.95,
+                seed: int = 0) -> dict[str, float] | None:
+    """Gain in accuracy from `before` to `after`, the same problems scored 1/0 in the same order, with
+    a paired bootstrap interval: problems are resampled with replacement and each resample's mean
+    difference taken, so what the two runs share (a problem's difficulty) cancels. Seeded: the same
+    inputs give the same interval. None without problems scored in both."""
+    x, y = _paired(before, after)
+    if len(x) == 0:
+        return None
+    diff = y - x
+    rng = np.random.default_rng(seed)
+    means = diff[rng.integers(0, len(diff), size=(n_boot, len(diff)))].mean(axis=1)
+    tail = (1 - level) / 2
+    lo, hi = np.quantile(means, [tail, 1 - tail])
+    return {"gain": float(diff.mean()), "lo": float(lo), "hi": float(hi), "n": int(len(diff))}
+
+
 def cluster_se(values: Iterable[Any], groups: Iterable[Any]) -> float | None:
     """Standard error of the mean of `values` when items of one group (a problem's k samples and its
     rewrites) are not independent: the spread of the group means over the number of groups. None
