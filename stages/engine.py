@@ -3,7 +3,8 @@
 With `sample.backend` ct2 (or `auto` on a CPU where CTranslate2 is installed) the model, merged
 with its adapters, is converted into CTranslate2's format here, and every stage that samples or
 evaluates this model loads the conversion (stages/lib/ct2.py) instead of converting again. For
-hf and vLLM there is nothing to convert: the directory only records the engine. With `auto`, a model
+vLLM the model is merged with its adapters once into `hf/` (a plain HF dir, what vLLM and
+`vllm serve` load); for hf there is nothing to prepare: the directory only records the engine. With `auto`, a model
 the converter does not know falls back to hf (recorded with the reason); with `ct2` it is an error
 naming the architecture.
 """
@@ -55,6 +56,14 @@ def main(argv: list[str] | None = None) -> None:
                         raise
                     log.warning("%s; sampling with hf", err)
                     record = {"engine": "hf", "fallback": str(err)}
+            if backend == SampleBackend.vllm:  # vLLM loads a plain HF dir: the adapters merged once here
+                from .lib.ct2 import MERGED_DIR
+                from .lib.models import export_merged, set_threads
+
+                set_threads()
+                export_merged(args.model, args.base, tmp / MERGED_DIR, params.security, params.model,
+                              {"exported_from": args.model, "base": args.base})
+                record = {"engine": "vllm", "model": MERGED_DIR}
             (tmp / ENGINE_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
             (tmp / "provenance.json").write_text(json.dumps(prov, indent=2, sort_keys=True) + "\n")
         log.info("%s: %s", args.out, record)

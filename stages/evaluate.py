@@ -18,13 +18,13 @@ from pathlib import Path
 import pandas as pd
 
 from .lib import artifacts as art
-from .lib.cli import derive_seed, run_stage
+from .lib.cli import derive_seed, run_stage, stage_provenance
 from .lib.backends import HFSampler, Sampler, open_sampler
 from .lib.config import ConfigError, EvaluateConfig, JudgeConfig, JudgeMethod, JudgeMode, Params
 from .lib.generation import SamplingSpec, generate
 from .lib.judges import REGISTRY, JudgeContext, ModelHandle, judge_quality, template_path, vote_label
 from .lib.models import load_model, set_threads
-from .lib.quality import auc_se, binomial_se, cluster_se, win_rate
+from .lib.quality import auc_se, binomial_se, cluster_se, paired_gain, win_rate
 from .lib.rubric import load_template
 from .lib.tasks import Task, task_for
 
@@ -68,11 +68,15 @@ def accuracy(preds: list[str | None], answers: list[str], task: Task) -> float:
     return float(sum(task.verify(p, a) for p, a in zip(preds, answers, strict=True)) / max(1, len(answers)))
 
 
+SETS = (("accuracy", "heldout", "heldout_n"), ("ttt_accuracy", "ttt", "ttt_n"))  # metric, set, size
+
+
 def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cfg: EvaluateConfig,
-                  seed: int, task: Task, progress: bool = True) -> dict[str, float]:
+                  seed: int, task: Task, progress: bool = True, answers: list | None = None) -> dict[str, float]:
     """Accuracy protocols over the rows that have an answer (a user's prompt file may have none),
     the share of greedy answers cut by `evaluate.max_new_tokens` (`eval_truncated_share`) and the
-    share from which no answer could be read (`eval_extract_failure_rate`)."""
+    share from which no answer could be read (`eval_extract_failure_rate`). `answers`, when given,
+    receives each problem's greedy answer (EVAL rows) for the paired comparison of iterations."""
     greedy = SamplingSpec(n=1, greedy=True, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size)
     sampled = SamplingSpec(n=cfg.k, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                            batch_size=cfg.batch_size)
@@ -80,12 +84,16 @@ def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cf
     out: dict[str, float] = {}
     cut: list[bool] = []
     failed: list[bool] = []
-    for name, df, size in (("accuracy", heldout, "heldout_n"), ("ttt_accuracy", ttt, "ttt_n")):
+    for (name, set_name, size), df in zip(SETS, (heldout, ttt)):
         if df.empty:
             continue
         res = sampler.generate(list(df["prompt"]), greedy, seed, desc=name, progress=progress)
         preds = [task.extract(r[0]).answer for r in res]
         out[name] = accuracy(preds, list(df["answer"]), task)
+        if answers is not None:
+            answers += [{"set": set_name, "prompt_id": pid, "answer": gold, "response": r[0], "pred": pred,
+                         "correct": float(task.verify(pred, gold)), "truncated": t[0]}
+                        for pid, gold, r, pred, t in zip(df["prompt_id"], df["answer"], res, preds, res.truncated)]
         out[f"{name}_se"] = binomial_se(out[name], len(df))  # one greedy answer per problem
         out[size] = len(df)
         cut += [t[0] for t in res.truncated]
@@ -99,6 +107,21 @@ def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cf
     votes = [vote_label([task.extract(x).answer for x in r], 0.0) for r in res]  # a tie: no answer
     out["maj_accuracy"] = accuracy(votes, list(heldout["answer"]), task)
     out["maj_accuracy_se"] = binomial_se(out["maj_accuracy"], len(heldout))
+    return out
+
+
+def gains(base: pd.DataFrame, new: pd.DataFrame) -> dict[str, float]:
+    """The gain in greedy accuracy from the base model's answers to these, on the problems both
+    answered, with its paired bootstrap 95% interval: `accuracy_gain`, `accuracy_gain_lo`, ...;
+    for `ttt_accuracy` likewise."""
+    out: dict[str, float] = {}
+    for name, set_name, _ in SETS:
+        b = base[base["set"] == set_name].set_index("prompt_id")["correct"]
+        n = new[new["set"] == set_name].set_index("prompt_id")["correct"]
+        both = b.index.intersection(n.index)
+        g = paired_gain(b.loc[both], n.loc[both]) if len(both) else None
+        if g is not None:
+            out.update({f"{name}_gain": g["gain"], f"{name}_gain_lo": g["lo"], f"{name}_gain_hi": g["hi"]})
     return out
 
 
@@ -168,6 +191,8 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sft", help="in: the iteration's best samples (not for it0)")
     p.add_argument("--prev-model", help="in: the previous model (prompt files: win rate against it)")
     p.add_argument("--prompts", help="in: the iteration's prompts (not for it0)")
+    p.add_argument("--eval-out", help="out: each problem's greedy answer (parquet)")
+    p.add_argument("--base-eval", help="in: it0's answers to the same problems: gains with paired intervals")
     p.add_argument("--out", required=True, help="out: metrics.json")
     p.add_argument("--examples", help="out: examples.json, what the report shows of the iteration (not for it0)")
 
@@ -181,7 +206,13 @@ def main(argv: list[str] | None = None) -> None:
         ttt = art.read_table(args.ttt, art.PROMPTS)
         metrics = {"iteration": args.iteration, "step": step}
         task = task_for(params.task)
-        metrics.update(model_metrics(sampler, heldout, ttt, params.evaluate, derive_seed(params.seed, "evaluate"), task))
+        answers: list[dict] = []
+        metrics.update(model_metrics(sampler, heldout, ttt, params.evaluate, derive_seed(params.seed, "evaluate"),
+                                     task, answers=answers))
+        answers_df = pd.DataFrame(answers, columns=[f.name for f in art.EVAL if f.name != "iteration"])
+        answers_df.insert(0, "iteration", args.iteration)
+        if args.base_eval:
+            metrics.update(gains(art.read_table(args.base_eval, art.EVAL), answers_df))
         if args.prev_model and task.open_ended:  # open prompts: the new model against the old
             load = dict(security=params.security, base=args.base, model_cfg=params.model)
             new = ModelHandle(sampler.model, sampler.tokenizer) if isinstance(sampler, HFSampler) else \
@@ -210,6 +241,10 @@ def main(argv: list[str] | None = None) -> None:
             if examples is None:
                 raise ConfigError("evaluate: --examples needs the iteration's --judgments and --pairs")
             art.write_json(examples, args.examples)
+        if args.eval_out:
+            art.write_table(answers_df, args.eval_out, art.EVAL,
+                            stage_provenance("evaluate", args.iteration, params, ("seed", "task", "evaluate"),
+                                             [args.eval_out]))
         art.write_json({k: v for k, v in metrics.items() if v is not None}, args.out)
 
     run_stage("evaluate", _args, body, argv)

@@ -119,7 +119,7 @@ def test_sample_stage_records_the_backend(model_dir, tmp_path, tiny_raw, monkeyp
                        "--out", "samples.parquet", "--params", str(params)])
     out = art.read_table("samples.parquet", art.SAMPLES)
     assert len(out) == 5 * tiny_raw["sample"]["k"]
-    assert art.read_provenance("samples.parquet")["backend"] == resolve_backend(SampleBackend.auto).value
+    assert art.read_provenance("samples.parquet")["backend"] == tiny_raw["sample"]["backend"] == "hf"
 
 
 def test_memory_cap_shrinks_with_length_and_bounds_the_batch(trained, tok, monkeypatch):

@@ -47,6 +47,13 @@ def test_whole_loop_in_process(tmp_path, tiny_params_file, monkeypatch, capsys):
             assert m[f"{key}_se"] == pytest.approx((m[key] * (1 - m[key]) / m[n]) ** 0.5)
         if it != "it0":
             assert {"reward_mean", "judge_accuracy", "num_pairs", "train_loss"} <= set(m)
+            # the gain on the same problems as it0, with its paired interval around it
+            m0 = art.read_json(tmp_path / "reports" / "iterations" / "it0" / "metrics.json")
+            for key in ("accuracy", "ttt_accuracy"):
+                assert m[f"{key}_gain"] == pytest.approx(m[key] - m0[key])
+                assert m[f"{key}_gain_lo"] <= m[f"{key}_gain"] <= m[f"{key}_gain_hi"]
+        answers = art.read_table(tmp_path / "data" / it / "eval.parquet", art.EVAL)
+        assert len(answers) == 60 and answers["correct"].mean() == pytest.approx((m["accuracy"] + m["ttt_accuracy"]) / 2)
         # it0 holds the tiny model's weights; with LoRA each iteration holds adapters, not a copy
         model_file = "model.safetensors" if it == "it0" else "chain.json"
         assert (tmp_path / "data" / it / "model" / model_file).is_file()

@@ -221,3 +221,27 @@ def test_the_report_raises_the_alarm_for_a_hacked_history_and_only_then(tmp_path
     (tmp_path / "b").mkdir()
     summary, out = _report(tmp_path / "b", healthy, capsys)
     assert "Reward-hacking alarm: quiet" in summary and "REWARD-HACKING ALARM" not in out
+
+
+def test_paired_gain_on_known_answers():
+    from stages.lib.quality import paired_gain
+
+    g = paired_gain([1, 0, 1, 0, None], [1, 1, 1, 0, 1])  # the fifth problem has no answer before: left out
+    assert g["gain"] == pytest.approx(0.25) and g["n"] == 4
+    assert 0.0 <= g["lo"] <= 0.25 <= g["hi"] <= 0.75
+    assert paired_gain([1, 0, 1, 0], [1, 1, 1, 0]) == paired_gain([1, 0, 1, 0], [1, 1, 1, 0])  # seeded
+    same = paired_gain([1, 0, 1, 1, 0], [1, 0, 1, 1, 0])
+    assert same["gain"] == same["lo"] == same["hi"] == 0.0  # the same answers: no doubt about no gain
+    assert paired_gain([], []) is None
+
+
+def test_paired_interval_is_narrower_than_the_two_runs_noise():
+    """Two runs that share most answers: their difference is known far better than either binomial s.e. says."""
+    from stages.lib.quality import binomial_se, paired_gain
+
+    before = [1] * 50 + [0] * 50
+    after = [1] * 50 + [1] * 10 + [0] * 40  # ten more right, none lost
+    g = paired_gain(before, after)
+    assert g["gain"] == pytest.approx(0.10) and g["lo"] > 0.0
+    unpaired = 1.96 * (binomial_se(0.5, 100) ** 2 + binomial_se(0.6, 100) ** 2) ** 0.5
+    assert g["hi"] - g["lo"] < unpaired

@@ -55,6 +55,9 @@ def test_table_gives_mean_sd_and_per_seed_values():
     assert "0.200 +- 0.141 (0.10, 0.30)" in row  # the gain it0 -> it1
     assert "n/a (no s.e. recorded)" in row
     assert mean_sd([0.5]) == "0.500 (1 seed)"
+    runs[0]["metrics"]["it1"].update(accuracy_gain_lo=-0.021, accuracy_gain_hi=0.2)
+    runs[1]["metrics"]["it1"].update(accuracy_gain_lo=0.1, accuracy_gain_hi=0.5)
+    assert "| [-0.021, +0.200]; [+0.100, +0.500] |" in table({"v": runs}, ["it0", "it1"]).splitlines()[2]
 
 
 def test_comparison_pairs_seeds_and_bolds_only_a_difference_beyond_noise():

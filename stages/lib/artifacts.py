@@ -94,6 +94,19 @@ SFT = pa.schema(
     ]
 )
 
+EVAL = pa.schema(  # evaluate: each problem's greedy answer, so two iterations compare problem by problem
+    [
+        ("iteration", pa.string()),
+        ("set", pa.string()),  # heldout | ttt
+        ("prompt_id", pa.string()),
+        ("answer", pa.string()),
+        ("response", pa.string()),
+        ("pred", pa.string()),
+        ("correct", pa.float64()),  # 1 / 0 by the task's verify
+        ("truncated", pa.bool_()),
+    ]
+)
+
 # What evaluate keeps of an iteration for the report (reports/iterations/<it>/examples.json and the
 # category mix in metrics.json): the columns of its example tables and the mix metrics' prefix.
 JUDGED_EXAMPLE_COLUMNS = ["rank", "sample_id", "prompt", "response", "reward", "label", "correct"]

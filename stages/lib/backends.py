@@ -21,7 +21,7 @@ from typing import Protocol
 import torch
 
 from .chat import ChatFormat
-from .ct2 import ct2_unavailable, open_ct2, read_engine
+from .ct2 import MERGED_DIR, ct2_unavailable, open_ct2, read_engine
 from .config import ModelConfig, SampleBackend, SampleConfig, SecurityConfig, VllmConfig
 from .errors import ConfigError, PipelineError
 from .generation import Generations, SamplingSpec, chat_format, generate
@@ -269,10 +269,38 @@ def open_sampler(model_dir: str | Path, cfg: SampleConfig, security: SecurityCon
         backend = SampleBackend.hf
     log.info("sampling backend: %s", backend.value)
     if backend == SampleBackend.vllm:
-        return VLLMSampler(model_dir, cfg.gpu_memory_utilization, security, base, model_cfg, cfg.vllm)
+        merged = Path(engine) / MERGED_DIR if engine is not None and read_engine(engine).get("model") else None
+        if cfg.vllm.url or cfg.vllm.server_python:
+            return _server_sampler(merged, model_dir, base, cfg.vllm, security, model_cfg)
+        return VLLMSampler(merged or model_dir, cfg.gpu_memory_utilization, security, base, model_cfg, cfg.vllm)
     if backend == SampleBackend.ct2:
         reason = ct2_unavailable()
         if reason:
             raise PipelineError(f"sample.backend: ct2 cannot run here: {reason}")
         return open_ct2(engine, model_dir, base, cfg.ct2, security, model_cfg)
     return HFSampler(*load_model(model_dir, security=security, base=base, model_cfg=model_cfg))
+
+
+def _server_sampler(merged: Path | None, model_dir, base, cfg: VllmConfig, security: SecurityConfig,
+                    model_cfg: ModelConfig):
+    """A vLLM server's client: the server at `cfg.url`, or one started here with `cfg.server_python`
+    on the merged model (the engine dir's copy, else a merge made now into a temporary dir)."""
+    from .models import export_merged
+    from .vllm_server import VLLMServer, VLLMServerSampler
+
+    tmp = None
+    if merged is None:
+        tmp = tempfile.TemporaryDirectory(prefix="self-improve-vllm-")
+        merged = Path(tmp.name) / "model"
+        export_merged(model_dir, base, merged, security, model_cfg)
+    if cfg.url:
+        sampler = VLLMServerSampler(merged, cfg, url=cfg.url, security=security)
+    else:
+        server = VLLMServer(cfg.server_python, merged, cfg, model_cfg.max_length, security)
+        try:
+            sampler = VLLMServerSampler(merged, cfg, server=server, security=security)
+        except BaseException:
+            server.close()
+            raise
+    sampler._tmp = tmp  # the merged copy lives as long as the sampler
+    return sampler

@@ -232,6 +232,22 @@ class VllmConfig(_Section):
         0, ge=0, description="vLLM engines, each on its own tensor_parallel_size GPUs, each sampling its share of "
         "the prompts; 0: as many as the visible GPUs hold"
     )
+    url: Optional[str] = Field(
+        None, description="a running vLLM server (OpenAI-compatible, e.g. http://gpu-host:8000) serving the "
+        "iteration's model: sample through it instead of starting vLLM here")
+    server_python: Optional[str] = Field(
+        None, description="a Python with vLLM in its own virtualenv (make vllm-env: .venv-vllm/bin/python): "
+        "each stage starts `vllm serve` on the model, samples through it and stops it")
+    served_model_name: str = Field("policy", min_length=1, description="the model's name on the server")
+    server_dtype: str = Field("float32", description="server_python: --dtype of the server (float32 on a CPU)")
+    cpu_kv_cache_gb: int = Field(4, ge=1, description="server_python on a CPU: VLLM_CPU_KVCACHE_SPACE in GB")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not re.match(r"https?://[^\s/]+", v):
+            raise ValueError(f"an http(s) URL, e.g. http://127.0.0.1:8000; got {v!r}")
+        return v
 
 
 class SampleConfig(_Section):

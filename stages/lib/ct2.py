@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 ENGINE_FILE = "engine.json"
 CT2_DIR = "ct2"  # the converted model inside an engine dir
+MERGED_DIR = "hf"  # vLLM: the merged model (safetensors) inside an engine dir
 
 
 def ct2_unavailable() -> str | None:
