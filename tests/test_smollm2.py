@@ -83,3 +83,49 @@ def test_one_iteration_on_smollm2(tmp_path, monkeypatch):
     ids = torch.tensor([chat_format(base, tok).prompt_ids("Sam has 5 apples and buys 14 more.")])
     with torch.no_grad():
         assert not torch.allclose(base(input_ids=ids).logits, new(input_ids=ids).logits)
+
+
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"  # make vllm-env
+
+
+@pytest.mark.skipif(not VLLM_PYTHON.is_file(), reason="run `make vllm-env` first (vLLM's CPU build)")
+def test_a_loop_iteration_samples_through_a_vllm_server(tmp_path, monkeypatch):
+    """sample.backend vllm with sample.vllm.server_python: the engine stage merges it0 once, each
+    sample stage starts `vllm serve` on that copy, samples over the OpenAI API and stops it; the
+    same seed gives the same samples, in the schema every engine writes."""
+    from stages import engine
+
+    raw = deep_merge(TINY, {
+        "model": {"base": str(SMOL), "max_length": 512},
+        "task": {"name": "word_math", "heldout_size": 8, "ttt_size": 8,
+                 "instruction": "Answer with the final number only."},
+        "evolve": {"fresh": 0, "keep_top": 0, "rewrites": 1},
+        "sample": {"backend": "vllm", "k": 4, "max_new_tokens": 32, "temperature": 0.7,
+                   "vllm": {"server_python": str(VLLM_PYTHON)}},
+        "loop": {"it1": {"prev": "it0", "ref": "init"}},
+    })
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(raw))
+    monkeypatch.chdir(tmp_path)
+    p = ["--params", str(params)]
+    prepare.main(["--heldout", "task/heldout.parquet", "--ttt", "task/ttt.parquet", "--seed-data", "task/seed.parquet",
+                  "--model", "it0/model", "--init-model", "init/model", "--judgments", "it0/judgments.parquet",
+                  "--metrics", "it0/train.json", "--curriculum", "it0/curriculum.json", *p])
+    engine.main(["--iteration", "it0", "--model", "it0/model", "--base", "it0/model", "--out", "it0/engine", *p])
+    assert json.loads((tmp_path / "it0/engine/engine.json").read_text()) == {"engine": "vllm", "model": "hf"}
+    it = ["--iteration", "it1"]
+    evolve.main([*it, "--ttt", "task/ttt.parquet", "--heldout", "task/heldout.parquet",
+                 "--prev-judgments", "it0/judgments.parquet", "--seed-data", "task/seed.parquet",
+                 "--prev-curriculum", "it0/curriculum.json", "--model", "it0/model", "--base", "it0/model",
+                 "--out", "it1/prompts.parquet", "--curriculum", "it1/curriculum.json", *p])
+    runs = []
+    for out in ("a.parquet", "b.parquet"):
+        sample.main([*it, "--prompts", "it1/prompts.parquet", "--model", "it0/model", "--base", "it0/model",
+                     "--engine", "it0/engine", "--out", out, *p])
+        runs.append(art.read_table(out, art.SAMPLES))
+        assert art.read_provenance(out)["backend"] == "vllm"
+    prompts = art.read_table("it1/prompts.parquet", art.PROMPTS)
+    assert len(runs[0]) == 4 * len(prompts) and runs[0]["response"].str.len().mean() > 5
+    assert runs[0]["pred"].notna().mean() > 0.5
+    assert runs[0]["response"].tolist() == runs[1]["response"].tolist()  # seeded: the same samples again
+    assert runs[0].groupby("prompt_id")["response"].nunique().max() > 1  # temperature 0.7: not all alike
