@@ -6,8 +6,7 @@
 1. The model's plain forward pass over 16 x 128 tokens: the token rate no stage can beat.
 2. Sampling through the chat format: 64 prompts in one batched call vs 8 prompts one at a time
    (generated tokens/s), and log-prob scoring of those samples (tokens/s).
-   The engines side by side (`engines`): hf, CTranslate2 float32 and int8 (vLLM where it runs) on
-   64 word problems of the recipe, greedy (k 1) and sampled (k 8) new tokens/s, how many greedy
+   The engines side by side (`engines`): hf, CTranslate2 float32 and int8 on 64 word problems of the recipe, greedy (k 1) and sampled (k 8) new tokens/s, how many greedy
    answers equal hf's, and each engine's greedy accuracy with its s.e.
 3. The train stage itself, as a subprocess on 64 of those samples (RAFT, LoRA): batch 64 with
    micro-batches of 8 and, for comparison, of 64; its peak RSS, training tokens/s and the bytes its
@@ -97,13 +96,14 @@ INSTRUCTION = "Answer with the final number only."  # the SmolLM2 recipe's task.
 
 
 def engines(model_dir: Path, n_prompts: int = 64, max_new_tokens: int = 48) -> dict:
-    """hf, ct2 float32 and ct2 int8 (and vLLM where it runs) on the same word problems: new tokens/s
-    greedy (k 1) and sampled (k 8, temperature 0.7), log-prob scoring tokens/s, how many greedy
-    answers equal hf's, and greedy accuracy on the problems (with its binomial s.e.)."""
-    from stages.lib.backends import HFSampler, vllm_unavailable
+    """hf, ct2 float32 and ct2 int8 on the same word problems: new tokens/s greedy (k 1) and sampled
+    (k 8, temperature 0.7), how many greedy answers equal hf's, and greedy accuracy on the problems
+    (with its binomial s.e.). vLLM is left out: on a CPU its server's start-up is the cost, and
+    tests/test_smollm2.py runs it."""
+    from stages.lib.backends import HFSampler
     from stages.lib.config import Ct2Config, TaskConfig
     from stages.lib.ct2 import CT2Sampler, convert, ct2_unavailable
-    from stages.lib.generation import SamplingSpec, score
+    from stages.lib.generation import SamplingSpec
     from stages.lib.models import load_model, set_threads
     from stages.lib.quality import binomial_se
     from stages.lib.tasks import task_for
@@ -127,7 +127,6 @@ def engines(model_dir: Path, n_prompts: int = 64, max_new_tokens: int = 48) -> d
         out["ct2_conversion_seconds"] = round(secs, 1)
         for compute_type in ("float32", "int8"):
             samplers[f"ct2_{compute_type}"] = CT2Sampler(Path(tmp.name) / "engine", Ct2Config(compute_type=compute_type))
-    out["vllm"] = vllm_unavailable() or "runs: see the vllm figures"
     runs: dict = {}
     for name, sampler in samplers.items():
         sampler.generate(prompts[:2], greedy, 0, progress=False)  # warm-up

@@ -4,9 +4,9 @@ With `sample.backend` ct2 (or `auto` on a CPU where CTranslate2 is installed) th
 with its adapters, is converted into CTranslate2's format here, and every stage that samples or
 evaluates this model loads the conversion (stages/lib/ct2.py) instead of converting again. For
 vLLM the model is merged with its adapters once into `hf/` (a plain HF dir, what vLLM and
-`vllm serve` load); for hf there is nothing to prepare: the directory only records the engine. With `auto`, a model
-the converter does not know falls back to hf (recorded with the reason); with `ct2` it is an error
-naming the architecture.
+`vllm serve` load); for hf there is nothing to prepare: the directory only records the engine.
+With `auto`, a model the converter does not know falls back to hf (recorded with the reason);
+with `ct2` it is an error naming the architecture.
 """
 
 from __future__ import annotations

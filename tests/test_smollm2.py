@@ -26,6 +26,19 @@ pytestmark = [
 ]
 
 
+def _prepare(p: list[str]) -> None:
+    prepare.main(["--heldout", "task/heldout.parquet", "--ttt", "task/ttt.parquet", "--seed-data", "task/seed.parquet",
+                  "--model", "it0/model", "--init-model", "init/model", "--judgments", "it0/judgments.parquet",
+                  "--metrics", "it0/train.json", "--curriculum", "it0/curriculum.json", *p])
+
+
+def _evolve(it: list[str], p: list[str]) -> None:
+    evolve.main([*it, "--ttt", "task/ttt.parquet", "--heldout", "task/heldout.parquet",
+                 "--prev-judgments", "it0/judgments.parquet", "--seed-data", "task/seed.parquet",
+                 "--prev-curriculum", "it0/curriculum.json", "--model", "it0/model", "--base", "it0/model",
+                 "--out", "it1/prompts.parquet", "--curriculum", "it1/curriculum.json", *p])
+
+
 def test_one_iteration_on_smollm2(tmp_path, monkeypatch):
     raw = deep_merge(TINY, {
         "model": {"base": str(SMOL), "max_length": 256},
@@ -43,16 +56,11 @@ def test_one_iteration_on_smollm2(tmp_path, monkeypatch):
     params.write_text(yaml.safe_dump(raw))
     monkeypatch.chdir(tmp_path)
     p = ["--params", str(params)]
-    prepare.main(["--heldout", "task/heldout.parquet", "--ttt", "task/ttt.parquet", "--seed-data", "task/seed.parquet",
-                  "--model", "it0/model", "--init-model", "init/model", "--judgments", "it0/judgments.parquet",
-                  "--metrics", "it0/train.json", "--curriculum", "it0/curriculum.json", *p])
+    _prepare(p)
     record = json.loads((tmp_path / "it0/model/base.json").read_text())
     assert record["kind"] == "local" and len(record["sha256"]) == 64
     it = ["--iteration", "it1"]
-    evolve.main([*it, "--ttt", "task/ttt.parquet", "--heldout", "task/heldout.parquet",
-                 "--prev-judgments", "it0/judgments.parquet", "--seed-data", "task/seed.parquet",
-                 "--prev-curriculum", "it0/curriculum.json", "--model", "it0/model", "--base", "it0/model",
-                 "--out", "it1/prompts.parquet", "--curriculum", "it1/curriculum.json", *p])
+    _evolve(it, p)
     sample.main([*it, "--prompts", "it1/prompts.parquet", "--model", "it0/model", "--base", "it0/model",
                  "--out", "it1/samples.parquet", *p])
     judge.main([*it, "--samples", "it1/samples.parquet", "--model", "it0/model", "--ref-model", "init/model",
@@ -108,16 +116,11 @@ def test_a_loop_iteration_samples_through_a_vllm_server(tmp_path, monkeypatch):
     params.write_text(yaml.safe_dump(raw))
     monkeypatch.chdir(tmp_path)
     p = ["--params", str(params)]
-    prepare.main(["--heldout", "task/heldout.parquet", "--ttt", "task/ttt.parquet", "--seed-data", "task/seed.parquet",
-                  "--model", "it0/model", "--init-model", "init/model", "--judgments", "it0/judgments.parquet",
-                  "--metrics", "it0/train.json", "--curriculum", "it0/curriculum.json", *p])
+    _prepare(p)
     engine.main(["--iteration", "it0", "--model", "it0/model", "--base", "it0/model", "--out", "it0/engine", *p])
     assert json.loads((tmp_path / "it0/engine/engine.json").read_text()) == {"engine": "vllm", "model": "hf"}
     it = ["--iteration", "it1"]
-    evolve.main([*it, "--ttt", "task/ttt.parquet", "--heldout", "task/heldout.parquet",
-                 "--prev-judgments", "it0/judgments.parquet", "--seed-data", "task/seed.parquet",
-                 "--prev-curriculum", "it0/curriculum.json", "--model", "it0/model", "--base", "it0/model",
-                 "--out", "it1/prompts.parquet", "--curriculum", "it1/curriculum.json", *p])
+    _evolve(it, p)
     runs = []
     for out in ("a.parquet", "b.parquet"):
         sample.main([*it, "--prompts", "it1/prompts.parquet", "--model", "it0/model", "--base", "it0/model",

@@ -21,7 +21,7 @@ from typing import Protocol
 import torch
 
 from .chat import ChatFormat
-from .ct2 import MERGED_DIR, ct2_unavailable, open_ct2, read_engine
+from .ct2 import ct2_unavailable, open_ct2, read_engine
 from .config import ModelConfig, SampleBackend, SampleConfig, SecurityConfig, VllmConfig
 from .errors import ConfigError, PipelineError
 from .generation import Generations, SamplingSpec, chat_format, generate
@@ -66,8 +66,6 @@ class VLLMSampler:
         reason = vllm_unavailable()
         if reason:
             raise PipelineError(f"sample.backend: vllm cannot run here: {reason}")
-        from transformers import AutoTokenizer, GenerationConfig
-
         groups = engine_plan(visible_gpus(), vllm.tensor_parallel_size, vllm.data_parallel_size)
         model_dir = Path(model_dir)
         if (model_dir / CHAIN_FILE).is_file() or (model_dir / BASE_FILE).is_file():
@@ -78,12 +76,7 @@ class VLLMSampler:
             export_merged(model_dir, base, merged, security, model_cfg)  # merged once per stage
             model_dir = merged
         model_dir = str(check_model_dir(model_dir, security))
-        tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=security.trust_remote_code)
-        try:
-            gen_cfg = GenerationConfig.from_pretrained(model_dir)
-        except OSError:
-            gen_cfg = None
-        self.chat = ChatFormat.of(tokenizer, gen_cfg)
+        self.chat = ChatFormat.from_dir(model_dir, security.trust_remote_code)
         dtype = "auto" if model_cfg.dtype.value == "auto" else model_cfg.dtype.value
         llm_kwargs = {
             "model": model_dir, "tokenizer": model_dir, "trust_remote_code": security.trust_remote_code,
@@ -261,15 +254,15 @@ def open_sampler(model_dir: str | Path, cfg: SampleConfig, security: SecurityCon
     `engine`: the model's engine dir (the `engine` stage's output). CTranslate2 runs its conversion;
     where `auto` found the model unconvertible it says hf. Without one, ct2 converts now."""
     backend = resolve_backend(cfg.backend)
-    if backend == SampleBackend.ct2 and engine is not None and read_engine(engine)["engine"] != "ct2":
-        record = read_engine(engine)
+    record = read_engine(engine) if engine is not None and backend != SampleBackend.hf else {}
+    if backend == SampleBackend.ct2 and record and record["engine"] != "ct2":
         if cfg.backend != SampleBackend.auto:
             raise PipelineError(f"{engine}: made for {record['engine']}, not ct2; rerun its engine stage")
         log.info("sampling backend: hf (%s)", record.get("fallback", "the engine dir holds no ct2 model"))
         backend = SampleBackend.hf
     log.info("sampling backend: %s", backend.value)
     if backend == SampleBackend.vllm:
-        merged = Path(engine) / MERGED_DIR if engine is not None and read_engine(engine).get("model") else None
+        merged = Path(engine) / record["model"] if record.get("model") else None
         if cfg.vllm.url or cfg.vllm.server_python:
             return _server_sampler(merged, model_dir, base, cfg.vllm, security, model_cfg)
         return VLLMSampler(merged or model_dir, cfg.gpu_memory_utilization, security, base, model_cfg, cfg.vllm)

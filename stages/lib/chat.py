@@ -46,6 +46,19 @@ class ChatFormat:
         stops = _as_list(getattr(generation_config, "eos_token_id", None)) + _as_list(eos) + end[:1]
         return cls(tokenizer, templated, end, sorted(set(stops)))
 
+    @classmethod
+    def from_dir(cls, path, trust_remote_code: bool = False) -> "ChatFormat":
+        """The chat format of a model directory's tokenizer and generation config (an engine that
+        runs the model itself, CTranslate2 or vLLM, needs only these from transformers)."""
+        from transformers import AutoTokenizer, GenerationConfig
+
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        try:
+            gen_cfg = GenerationConfig.from_pretrained(path)
+        except OSError:
+            gen_cfg = None  # stop ids from the tokenizer and the template
+        return cls.of(tokenizer, gen_cfg)
+
     def messages(self, turn: Turn) -> list[dict]:
         return [{"role": "user", "content": turn}] if isinstance(turn, str) else list(turn)
 

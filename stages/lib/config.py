@@ -209,7 +209,7 @@ class SampleBackend(str, enum.Enum):
 
 
 class Ct2ComputeType(str, enum.Enum):
-    float32 = "float32"  # exact enough for on-policy log-probs: greedy outputs equal hf's
+    float32 = "float32"  # the model itself: greedy outputs equal hf's
     int8 = "int8"  # weights quantised at load time: faster, other outputs than the model's own
     int8_float32 = "int8_float32"
 

@@ -1,8 +1,8 @@
-"""CTranslate2: the fast CPU engine for sampling and scoring, on a converted copy of the model.
+"""CTranslate2: the fast CPU engine for sampling, on a converted copy of the model.
 
 CTranslate2 has no LoRA, so it runs a merged model converted into its own format. The `engine`
 stage converts each iteration's model once (`data/itN/engine`: float32 weights, the tokenizer and
-the generation config, `engine.json`), and every stage that samples or scores that model loads the
+the generation config, `engine.json`), and every stage that samples that model loads the
 conversion instead of converting again; `compute_type` is chosen at load time (int8 quantises the
 float32 weights as they load), so one conversion serves every precision.
 
@@ -11,8 +11,8 @@ same `Generations`. What makes it fast: finished rows leave the batch, each prom
 once for its `n` samples, and the token prefix every prompt shares (the chat template's system
 turn) is the static prompt, whose state is computed once and reused. Sampling is seeded per call
 (same seed, same samples, whatever ran before) and decodes its batches one after another, so the
-random draws do not depend on thread timing. Float32 greedy outputs equal hf's token for token on the prompts tested (benchmarks/real.py
-counts them on SmolLM2).
+random draws do not depend on thread timing. Float32 greedy outputs equal hf's token for token
+(tests/test_ct2.py on the tiny model; benchmarks/real.py counts them on SmolLM2).
 """
 
 from __future__ import annotations
@@ -140,21 +140,14 @@ class CT2Sampler:
     def __init__(self, engine_dir: str | Path, cfg: Ct2Config = Ct2Config(),
                  security: SecurityConfig = SecurityConfig()):
         import ctranslate2
-        from transformers import AutoTokenizer, GenerationConfig
 
         from .chat import ChatFormat
 
         engine_dir = Path(engine_dir)
         if not (engine_dir / CT2_DIR / "model.bin").is_file():
             raise PipelineError(f"{engine_dir}: no CTranslate2 model (rerun its engine stage with sample.backend ct2)")
-        self.tokenizer = AutoTokenizer.from_pretrained(engine_dir, trust_remote_code=security.trust_remote_code)
-        if self.tokenizer.pad_token_id is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        try:
-            gen_cfg = GenerationConfig.from_pretrained(engine_dir)
-        except OSError:
-            gen_cfg = None
-        self.chat = ChatFormat.of(self.tokenizer, gen_cfg)
+        self.chat = ChatFormat.from_dir(engine_dir, security.trust_remote_code)
+        self.tokenizer = self.chat.tokenizer
         self.compute_type = cfg.compute_type.value
         self._path, self._ct2 = str(engine_dir / CT2_DIR), ctranslate2
         self._inter, self._intra = _threads(cfg)

@@ -130,16 +130,9 @@ class VLLMServerSampler:
 
     def __init__(self, tokenizer_dir: str | Path, cfg: VllmConfig, url: str | None = None,
                  server: VLLMServer | None = None, security: SecurityConfig = SecurityConfig()):
-        from transformers import AutoTokenizer, GenerationConfig
-
         from .chat import ChatFormat
 
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, trust_remote_code=security.trust_remote_code)
-        try:
-            gen_cfg = GenerationConfig.from_pretrained(tokenizer_dir)
-        except OSError:
-            gen_cfg = None
-        self.chat = ChatFormat.of(tokenizer, gen_cfg)
+        self.chat = ChatFormat.from_dir(tokenizer_dir, security.trust_remote_code)
         self.server = server
         self.url = (url or server.url).rstrip("/")
         self.model = cfg.served_model_name
