@@ -24,9 +24,10 @@ import yaml
 
 from stages.lib import artifacts as art
 from stages.lib.cli import derive_seed
-from stages.lib.config import JudgeConfig, JudgeMethod, load_params, parse_params
+from stages.lib.config import FrozenJudge, JudgeConfig, PairsConfig, load_params, parse_params
 from stages.lib.generation import SamplingSpec
 from stages.lib.judges import REGISTRY, JudgeContext, ModelHandle, judge_quality, judge_samples, template_path
+from stages.pairs import build
 from stages.lib.models import load_model, set_threads
 from stages.lib.rubric import load_template
 from stages.lib.tasks import ProposeInput, task_for
@@ -45,10 +46,15 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-S", "--set", action="append", default=[], help="params override, key=value")
     ap.add_argument("--params", default="params.yaml")
-    ap.add_argument("--judges", nargs="+", default=["co_reward", "majority_vote", "llm_judge:yes_logprob",
-                                                     "self_certainty", "verifier"],
-                    help="judge.method, or llm_judge:<mode>")
+    ap.add_argument("--judges", nargs="+", default=list(RULES),
+                    help=f"rules: {', '.join(RULES)}; or a judge.method (llm_judge:<mode>)")
+    ap.add_argument("--temperatures", type=float, nargs="+", default=None,
+                    help="sample it0 at each (default sample.temperature); judges that run a model only at "
+                         "sample.temperature")
     ap.add_argument("--greedy-only", action="store_true", help="only the held-out calibration (step 1)")
+    ap.add_argument("--lengths", type=int, nargs="+", default=None,
+                    help="step 1 at each response length: one greedy run at the longest, each answer cut at "
+                         "every shorter length (greedy decoding is prefix-consistent), accuracy and cut share")
     ap.add_argument("--out", required=True, help="JSON figures; a .md table is written beside it")
     args = ap.parse_args(argv)
     raw = yaml.safe_load(Path(args.params).read_text())
@@ -62,16 +68,20 @@ def main(argv: list[str] | None = None) -> None:
     sets = task.sets(derive_seed(params.seed, "split"), params.prepare.train_size)
     model, tok = load_model(params.model.base if not params.model.builtin else "data/it0/model",
                             security=params.security, model_cfg=params.model)
-    from stages.lib.backends import HFSampler
+    from stages.lib.backends import HFSampler, open_sampler
     from stages.sample import sample
 
-    sampler = HFSampler(model, tok)
+    sampler = (HFSampler(model, tok) if params.model.builtin else
+               open_sampler(params.model.base, params.sample, params.security, model_cfg=params.model))
     result: dict = {"params": {k: v for k, v in (s.split("=", 1) for s in args.set)}}
 
     # 1. where the task's difficulty sits: greedy accuracy per category on the held-out set
-    greedy = SamplingSpec(n=1, greedy=True, max_new_tokens=params.evaluate.max_new_tokens,
-                          batch_size=params.evaluate.batch_size)
+    longest = max(args.lengths) if args.lengths else params.evaluate.max_new_tokens
+    greedy = SamplingSpec(n=1, greedy=True, max_new_tokens=longest, batch_size=params.evaluate.batch_size)
     res = sampler.generate(list(sets.heldout["prompt"]), greedy, derive_seed(params.seed, "evaluate"), desc="greedy")
+    if args.lengths:
+        result["lengths"] = by_length(task, tok, sets.heldout, res, sorted(args.lengths))
+        result["instruction"] = params.task.instruction
     preds = [task.extract(r[0]).answer for r in res]
     held = sets.heldout.assign(pred=preds, right=[task.verify(p, a) for p, a in zip(preds, sets.heldout["answer"])],
                                cut=[t[0] for t in res.truncated])
@@ -82,39 +92,44 @@ def main(argv: list[str] | None = None) -> None:
                         for c, g in held.groupby("category")},
     }
     if args.greedy_only:
-        print(json.dumps(result["greedy"], indent=1))
+        print(json.dumps({k: result[k] for k in ("greedy", "lengths") if k in result}, indent=1))
+        if args.lengths:
+            out = Path(args.out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
         return
-    # 2. it1's prompts, sampled by it0, judged by every judge
+    # 2. it1's prompts, sampled by it0 at each temperature, diagnosed under every rule
     inp = ProposeInput(params.evolve, "it1", derive_seed(params.seed, "evolve", "it1"), sets.ttt, sets.heldout,
                        art.empty_table(art.JUDGMENTS), rewrites=True)
     prompts = task.propose(inp)
-    samples = sample(sampler, prompts, params.sample, derive_seed(params.seed, "sample", "it1"), task)
-    correct = [task.verify(p, a) for p, a in zip(samples["pred"], samples["answer"])]
-    result["samples"] = {"n": len(samples), "prompts": int(samples["prompt_id"].nunique()),
-                         "accuracy": float(pd.Series(correct, dtype=float).mean()),
-                         "extract_failure_rate": float(samples["pred"].isna().mean()),
-                         "truncated_share": float(samples["truncated"].mean()),
-                         "forms": samples["pred_form"].fillna("none").value_counts().to_dict()}
     handle = ModelHandle(model, tok)
-    result["judges"] = {}
-    for spec in args.judges:
-        method, _, mode = spec.partition(":")
-        cfg = JudgeConfig(**{**params.judge.model_dump(), "method": method, **({"mode": mode} if mode else {})})
-        judge = REGISTRY[JudgeMethod(method)]
-        template = None
-        if judge.needs_template:
-            tparams = params.model_copy(update={"judge": cfg})
-            template = load_template(template_path(tparams))
-        ctx = JudgeContext(policy=handle, reference=handle, template=template,
+    temperatures = args.temperatures or [params.sample.temperature]
+    result["samples"], result["judges"] = {}, {}
+    for temperature in temperatures:
+        scfg = params.sample.model_copy(update={"temperature": temperature})
+        t = time.perf_counter()
+        samples = sample(sampler, prompts, scfg, derive_seed(params.seed, "sample", "it1"), task)
+        result["samples"][str(temperature)] = sample_stats(samples, task, params, time.perf_counter() - t)
+        ctx = JudgeContext(policy=handle, reference=handle, frozen=handle,
                            seed=derive_seed(params.seed, "judge", "it1"), batch_size=params.sample.batch_size,
                            max_tokens=params.sample.score_tokens, max_length=params.model.max_length,
-                           verify=task.verify)
-        t = time.perf_counter()
-        judged = judge_samples(samples, cfg, ctx)
-        q = judge_quality(judged, judge.verdict, task.verify)
-        q["seconds"] = round(time.perf_counter() - t, 1)
-        result["judges"][spec] = q
-        print(spec, json.dumps(q))
+                           verify=task.verify, question=getattr(task, "question", lambda prompt: prompt),
+                           frozen_template=load_template(template_path(params, "correct_template")))
+        model_based = temperature == params.sample.temperature
+        result["judges"][str(temperature)] = {}
+        for name in args.judges:
+            cfg, pcfg = rule(name, params)
+            judge = REGISTRY[cfg.method]
+            if not model_based and (judge.needs_policy or cfg.frozen != FrozenJudge.off):
+                continue  # the model-based judges: at sample.temperature only
+            ctx.template = (load_template(template_path(params.model_copy(update={"judge": cfg})))
+                            if judge.needs_template else None)
+            t = time.perf_counter()
+            judged = judge_samples(samples, cfg, ctx)
+            q = diagnose(judged, cfg, pcfg, judge.verdict, task.verify, derive_seed(params.seed, "pairs", "it1"))
+            q["seconds"] = round(time.perf_counter() - t, 1)
+            result["judges"][str(temperature)][name] = q
+            print(temperature, name, json.dumps(q))
     result["seconds"] = round(time.perf_counter() - t0, 1)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -123,25 +138,125 @@ def main(argv: list[str] | None = None) -> None:
     print(table(result))
 
 
+RULES = {  # name -> judge and pairs overrides: today's judges and the label-free rules
+    "verifier": {"method": "verifier"},
+    "majority_vote": {"method": "majority_vote"},
+    "co_reward": {"method": "co_reward"},
+    "self_certainty": {"method": "self_certainty"},
+    "llm_judge:yes_logprob": {"method": "llm_judge", "mode": "yes_logprob"},
+    "restrain": {"method": "majority_vote", "min_share": 0.5},  # skip prompts without a majority
+    "scpo": {"method": "vote_share", "min_share": 0.5, "pairs.weight": "margin"},
+    "self_harmony": {"method": "co_reward", "cross_view": "harmonic"},
+    "majority_vote+validity": {"method": "majority_vote", "validity": True},
+    "restrain+validity": {"method": "majority_vote", "min_share": 0.5, "validity": True},
+    "scpo+validity": {"method": "vote_share", "min_share": 0.5, "validity": True, "pairs.weight": "margin"},
+    "co_reward+validity": {"method": "co_reward", "validity": True},
+    "self_harmony+validity": {"method": "co_reward", "cross_view": "harmonic", "validity": True},
+    "scpo+frozen": {"method": "vote_share", "min_share": 0.5, "frozen": "yes_logprob", "pairs.weight": "margin"},
+    "scpo+validity+frozen": {"method": "vote_share", "min_share": 0.5, "validity": True,
+                             "frozen": "yes_logprob", "pairs.weight": "margin"},
+    "majority_vote+frozen": {"method": "majority_vote", "frozen": "yes_logprob"},
+}
+
+
+def rule(name: str, params) -> tuple[JudgeConfig, PairsConfig]:
+    """A rule of RULES (or `method[:mode]`) as the judge and pairs configs it runs with."""
+    if name in RULES:
+        over = dict(RULES[name])
+    else:
+        method, _, mode = name.partition(":")
+        over = {"method": method, **({"mode": mode} if mode else {})}
+    pairs = {k.split(".", 1)[1]: over.pop(k) for k in list(over) if k.startswith("pairs.")}
+    return (JudgeConfig(**{**params.judge.model_dump(), **over}),
+            PairsConfig(**{**params.pairs.model_dump(), **pairs}))
+
+
+def sample_stats(samples: pd.DataFrame, task, params, seconds: float) -> dict:
+    correct = pd.Series([task.verify(p, a) for p, a in zip(samples["pred"], samples["answer"])], dtype=float)
+    per_prompt = samples.groupby("prompt_id")["pred"]
+    return {"n": len(samples), "prompts": int(samples["prompt_id"].nunique()), "k": params.sample.k,
+            "accuracy": float(correct.mean()),
+            "extract_failure_rate": float(samples["pred"].isna().mean()),
+            "truncated_share": float(samples["truncated"].mean()),
+            "distinct_answers": float(per_prompt.nunique().mean()),
+            "unanimous_share": float((per_prompt.nunique(dropna=False) == 1).mean()),
+            "forms": samples["pred_form"].fillna("none").value_counts().to_dict(),
+            "seconds": round(seconds, 1)}
+
+
+def diagnose(judged: pd.DataFrame, cfg: JudgeConfig, pcfg: PairsConfig, verdict: bool, verify, seed: int) -> dict:
+    """A rule's figures on one set of samples: label precision (labels, or verdicts of "right",
+    that are right), coverage (prompts with a label; prompts with a pair), pair precision (chosen
+    right and rejected wrong; weighted by the pairs' weights where they have them), judge AUC, and
+    the share of samples the validity check rejects."""
+    q = judge_quality(judged, verdict, verify)
+    pairs, _ = build(judged, pcfg, seed)
+    prompts = judged["prompt_id"].nunique()
+    precise = (pairs["chosen_correct"] >= 0.5) & (pairs["rejected_correct"] < 0.5)
+    out = {"judge_auc": q["judge_auc"], "label_precision": q["label_accuracy"],
+           "label_coverage": q["label_coverage"], "pairs": len(pairs),
+           "pair_coverage": pairs["prompt_id"].nunique() / prompts if prompts else None,
+           "pair_precision": float(precise.mean()) if len(pairs) else None,
+           "invalid_share": float((judged["valid"] == False).mean()) if judged["valid"].notna().any() else None}  # noqa: E712
+    if q["label_accuracy"] is None and verdict:
+        said_right = judged[judged["reward"].astype(float) >= 0.5].dropna(subset=["correct"])
+        out["label_precision"] = float((said_right["correct"] >= 0.5).mean()) if len(said_right) else None
+    if len(pairs) and pairs["weight"].notna().any():
+        w = pairs["weight"].astype(float)
+        out["pair_precision_weighted"] = float((w * precise).sum() / w.sum()) if w.sum() > 0 else None
+    return out
+
+
+def by_length(task, tok, heldout: pd.DataFrame, res, lengths: list[int]) -> dict[str, dict]:
+    """Accuracy, cut share and mean length of greedy answers at each of `lengths` new tokens, read
+    from one greedy run at the longest: an answer of n tokens is cut at L when n > L (or n == L and
+    the run cut it); its first L tokens are then what a run at L would have written."""
+    out = {}
+    ids = [tok.encode(r[0], add_special_tokens=False) for r in res]
+    for length in lengths:
+        right, cut, n_tokens = [], [], []
+        for toks, text, trunc, gold in zip(ids, res, res.truncated, heldout["answer"]):
+            is_cut = len(toks) > length or (len(toks) == length and trunc[0])
+            shown = tok.decode(toks[:length], skip_special_tokens=True) if len(toks) > length else text[0]
+            right.append(bool(task.verify(task.extract(shown).answer, gold)))
+            cut.append(is_cut)
+            n_tokens.append(min(len(toks), length))
+        out[str(length)] = {"accuracy": sum(right) / len(right), "truncated_share": sum(cut) / len(cut),
+                            "mean_tokens": sum(n_tokens) / len(n_tokens), "n": len(right)}
+    return out
+
+
 def _f(x) -> str:
     return "" if x is None else f"{x:.3f}"
 
 
 def table(r: dict) -> str:
-    g, s = r["greedy"], r["samples"]
+    """The diagnosis as Markdown: it0's greedy calibration, then per temperature the samples and
+    every rule's figures; the aim (pair precision >= 0.65 at pair coverage >= 25%) is marked."""
+    g = r["greedy"]
     lines = [f"it0 greedy accuracy {g['accuracy']:.3f} on {g['n']} held-out problems "
              f"(answers unreadable {g['extract_failure_rate']:.3f}, cut {g['truncated_share']:.3f}); by category: "
-             + ", ".join(f"{c} {v['accuracy']:.2f} (n {v['n']})" for c, v in g["by_category"].items()),
-             "",
-             f"it0 samples: {s['n']} over {s['prompts']} prompts, accuracy {s['accuracy']:.3f} "
-             f"(unreadable {s['extract_failure_rate']:.3f}, cut {s['truncated_share']:.3f})",
-             "",
-             "| judge | label accuracy | label coverage | judge AUC | judge accuracy | judged share | seconds |",
-             "|---|---|---|---|---|---|---|"]
-    for name, q in r["judges"].items():
-        lines.append(f"| {name} | {_f(q['label_accuracy'])} | {_f(q['label_coverage'])} | {_f(q['judge_auc'])} | "
-                     f"{_f(q['judge_accuracy'])} | {_f(q['judged_share'])} | {q['seconds']} |")
-    return "\n".join(lines) + "\n"
+             + ", ".join(f"{c} {v['accuracy']:.2f} (n {v['n']})" for c, v in g["by_category"].items()), ""]
+    for temperature, judges in r["judges"].items():
+        s = r["samples"][temperature]
+        lines += [f"### temperature {temperature}: {s['n']} samples (k {s['k']}) over {s['prompts']} prompts, "
+                  f"accuracy {s['accuracy']:.3f}, distinct answers per prompt {s['distinct_answers']:.2f}, "
+                  f"unanimous prompts {s['unanimous_share']:.2f}, unreadable {s['extract_failure_rate']:.3f}, "
+                  f"cut {s['truncated_share']:.3f}", "",
+                  "| rule | label precision | label coverage | pair precision | pair coverage | pairs | "
+                  "judge AUC | invalid share | aim met | seconds |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for name, q in judges.items():
+            met = (q["pair_precision"] is not None and q["pair_precision"] >= 0.65
+                   and (q["pair_coverage"] or 0) >= 0.25)
+            precision = _f(q["pair_precision"])
+            if q.get("pair_precision_weighted") is not None:
+                precision += f" ({_f(q['pair_precision_weighted'])} weighted)"
+            lines.append(f"| {name} | {_f(q['label_precision'])} | {_f(q['label_coverage'])} | {precision} | "
+                         f"{_f(q['pair_coverage'])} | {q['pairs']} | {_f(q['judge_auc'])} | "
+                         f"{_f(q['invalid_share'])} | {'yes' if met else ''} | {q['seconds']} |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

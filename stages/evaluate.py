@@ -101,7 +101,7 @@ def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cf
     if cut:
         out["eval_truncated_share"] = sum(cut) / len(cut)
         out["eval_extract_failure_rate"] = sum(failed) / len(failed)
-    if heldout.empty:
+    if heldout.empty or cfg.k == 0:
         return out
     res = sampler.generate(list(heldout["prompt"]), sampled, seed, desc="maj@k", progress=progress)
     votes = [vote_label([task.extract(x).answer for x in r], 0.0) for r in res]  # a tie: no answer
@@ -162,6 +162,7 @@ def iteration_metrics(judgments: pd.DataFrame, pairs: pd.DataFrame, sft: pd.Data
         "judge_accuracy_se": cluster_se(agree.astype(float), scored["group_id"]) if verdict else None,
     }
     variants = judgments.groupby("group_id")["variant"].nunique() if len(judgments) else pd.Series(dtype=float)
+    valid, frozen = judgments["valid"].dropna(), judgments["frozen_yes"].dropna().astype(float)
     return {
         **{k: v for k, v in q.items() if v is not None},
         **{k: v for k, v in noise.items() if v is not None},
@@ -174,6 +175,9 @@ def iteration_metrics(judgments: pd.DataFrame, pairs: pd.DataFrame, sft: pd.Data
         "truncated_share": float(judgments["truncated"].astype(float).mean()) if len(judgments) else None,
         "extract_failure_rate": float(judgments["pred"].isna().mean()) if len(judgments) else None,
         "rewrites_per_problem": float((variants - 1).mean()) if len(variants) else None,
+        # label-free signals: the validity check's rejections, the frozen judge's mean P(Yes)
+        "invalid_share": float((~valid.astype(bool)).mean()) if len(valid) else None,
+        "frozen_yes": float(frozen.mean()) if len(frozen) else None,
         **{k: v for k, v in train.items() if isinstance(v, (int, float))},
     }
 

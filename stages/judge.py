@@ -2,7 +2,8 @@
 
 Model-based judges (llm_judge, self_certainty, implicit_reward) read the model that wrote the
 samples (`--model`) and, for implicit_reward and CREAM's consistency, the model before it
-(`--ref-model`). The verifier's verdict is stored beside the reward in `correct`, for measuring
+(`--ref-model`). A frozen judge (judge.frozen) reads the base model (`--base`, adapters off), the
+same model every iteration. The verifier's verdict is stored beside the reward in `correct`, for measuring
 judge quality only; self-judges never see the ground truth.
 """
 
@@ -13,7 +14,7 @@ import logging
 
 from .lib import artifacts as art
 from .lib.cli import derive_seed, run_stage, stage_provenance
-from .lib.config import Algorithm, JudgeMode, Params
+from .lib.config import Algorithm, FrozenJudge, JudgeMode, Params
 from .lib.errors import ConfigError
 from .lib.judges import REGISTRY, JudgeContext, ModelHandle, judge_quality, judge_samples, template_path
 from .lib.rubric import load_template
@@ -38,18 +39,27 @@ def main(argv: list[str] | None = None) -> None:
         cfg = params.judge
         judge = REGISTRY[cfg.method]
         consistency = params.train.algorithm == Algorithm.cream
-        template = None
+        frozen = cfg.frozen != FrozenJudge.off
+        template = frozen_template = None
         if judge.needs_template:
             try:
                 template = load_template(template_path(params))
             except (OSError, ValueError) as err:
                 key = "correct_template" if cfg.mode == JudgeMode.yes_logprob else "template"
                 raise ConfigError(f"judge.{key}: {err}") from None
+        if frozen:
+            try:
+                frozen_template = load_template(template_path(params, "correct_template"))
+            except (OSError, ValueError) as err:
+                raise ConfigError(f"judge.correct_template: {err}") from None
         samples = art.read_table(args.samples, art.SAMPLES)
+        task = task_for(params.task)
         ctx = JudgeContext(template=template, seed=derive_seed(params.seed, "judge", args.iteration),
                            batch_size=params.sample.batch_size, max_tokens=params.sample.score_tokens,
-                           max_length=params.model.max_length, verify=task_for(params.task).verify)
-        if judge.needs_policy or judge.needs_reference or consistency:
+                           max_length=params.model.max_length, verify=task.verify,
+                           question=getattr(task, "question", lambda prompt: prompt),
+                           frozen_template=frozen_template)
+        if judge.needs_policy or judge.needs_reference or consistency or frozen:
             from .lib.models import load_model, set_threads  # torch: only for judges that run a model
 
             set_threads()
@@ -59,6 +69,9 @@ def main(argv: list[str] | None = None) -> None:
         if judge.needs_reference or consistency:
             ctx.reference = ModelHandle(*load_model(args.ref_model, security=params.security, base=args.base,
                                                     model_cfg=params.model))
+        if frozen:
+            ctx.frozen = ModelHandle(*load_model(args.base or args.ref_model, security=params.security,
+                                                 model_cfg=params.model))
         df = judge_samples(samples, cfg, ctx, with_consistency=consistency)
         log.info("%s: %s", cfg.method.value, judge_quality(df, judge.verdict, ctx.verify))
         prov = stage_provenance("judge", args.iteration, params, ("seed", "model", "judge"), [args.out])

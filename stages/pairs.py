@@ -3,7 +3,10 @@
 Per prompt: chosen = a highest-reward sample, rejected = a lowest-reward one; prompts whose
 rewards tie (or whose margin is not above `min_margin`) and samples without a verdict are
 dropped; chosen and rejected are never the same text. Ties within the best or worst set are
-broken by a seeded RNG. CREAM's consistency travels with each pair.
+broken by a seeded RNG. CREAM's consistency travels with each pair. Where the judge ran the
+validity check, an invalid sample is never chosen (nor kept for RAFT) and, among the lowest-reward
+samples, an invalid one is rejected first. `pairs.weight: margin` gives each pair its reward margin
+as its weight in the loss (ScPO: with vote_share rewards, (votes for chosen - votes for rejected) / k).
 
 For `spin` the pairs are SPIN's instead: on the seed-data prompts (source `seed`, as posed),
 chosen = the seed data's reference answer, rejected = one of the model's own samples that
@@ -22,13 +25,18 @@ import pandas as pd
 
 from .lib import artifacts as art
 from .lib.cli import derive_seed, run_stage, stage_provenance
-from .lib.config import Algorithm, PairsConfig, Params
+from .lib.config import Algorithm, PairsConfig, PairWeight, Params
 
 ADVANTAGE_EPS = 1e-4
 
 
 def _value(x) -> float | None:
     return None if x is None or pd.isna(x) else float(x)
+
+
+def _invalid(row: dict) -> bool:
+    v = row.get("valid")
+    return v is not None and not pd.isna(v) and not bool(v)
 
 
 def build(judgments: pd.DataFrame, cfg: PairsConfig, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -39,9 +47,12 @@ def build(judgments: pd.DataFrame, cfg: PairsConfig, seed: int) -> tuple[pd.Data
         groups.setdefault(row["prompt_id"], []).append(row)
     pairs, best = [], []
     for pid, rows in groups.items():
-        hi = max(float(r["reward"]) for r in rows)
+        valid = [r for r in rows if not _invalid(r)]
+        if not valid:
+            continue
+        hi = max(float(r["reward"]) for r in valid)
         lo = min(float(r["reward"]) for r in rows)
-        top = [r for r in rows if float(r["reward"]) == hi]
+        top = [r for r in valid if float(r["reward"]) == hi]
         if hi >= cfg.sft_min_reward:
             r = top[rng.randrange(len(top))]
             best.append({"iteration": r["iteration"], "prompt_id": pid, "prompt": r["prompt"],
@@ -49,6 +60,7 @@ def build(judgments: pd.DataFrame, cfg: PairsConfig, seed: int) -> tuple[pd.Data
         if hi - lo <= cfg.min_margin:
             continue
         bottom = [r for r in rows if float(r["reward"]) == lo]
+        bottom = [r for r in bottom if _invalid(r)] or bottom
         options = [(c, w) for c in top for w in bottom if c["response"] != w["response"]]
         if not options:
             continue
@@ -57,7 +69,8 @@ def build(judgments: pd.DataFrame, cfg: PairsConfig, seed: int) -> tuple[pd.Data
                       "chosen": c["response"], "rejected": w["response"],
                       "chosen_reward": hi, "rejected_reward": lo,
                       "chosen_correct": c["correct"], "rejected_correct": w["correct"],
-                      "consistency": _value(c.get("consistency"))})
+                      "consistency": _value(c.get("consistency")),
+                      "weight": hi - lo if cfg.weight == PairWeight.margin else None})
     return pd.DataFrame(pairs, columns=art.PAIRS.names), pd.DataFrame(best, columns=art.SFT.names)
 
 
@@ -77,7 +90,8 @@ def spin_pairs(judgments: pd.DataFrame, seed: int) -> pd.DataFrame:
         rows.append({"iteration": w["iteration"], "prompt_id": pid, "prompt": w["prompt"],
                      "chosen": reference, "rejected": w["response"],
                      "chosen_reward": None, "rejected_reward": _value(w["reward"]),
-                     "chosen_correct": 1.0, "rejected_correct": _value(w["correct"]), "consistency": None})
+                     "chosen_correct": 1.0, "rejected_correct": _value(w["correct"]), "consistency": None,
+                     "weight": None})
     return pd.DataFrame(rows, columns=art.PAIRS.names)
 
 

@@ -67,9 +67,12 @@ def train(model, tokenizer, pairs: pd.DataFrame, sft: pd.DataFrame, groups: pd.D
                         cfg.batch_size, seed, cfg.max_grad_norm, desc="raft", **common)
     elif cfg.algorithm in PREFERENCE:
         cons = [0.5 if pd.isna(c) else float(c) for c in pairs["consistency"]]
+        weights = None
+        if pairs["weight"].notna().any():
+            weights = [1.0 if pd.isna(w) else float(w) for w in pairs["weight"]]
         out = train_preference(model, tokenizer, cfg.algorithm, list(pairs["prompt"]), list(pairs["chosen"]),
                                list(pairs["rejected"]), sched, cfg.batch_size, seed, cfg.beta,
-                               cfg.nll_weight, cons, cfg.max_grad_norm, **common)
+                               cfg.nll_weight, cons, cfg.max_grad_norm, weights=weights, **common)
     else:
         out = train_grpo(model, tokenizer, list(groups["prompt"]), list(groups["response"]),
                          [float(a) for a in groups["advantage"]], sched, cfg.batch_size, seed,

@@ -55,6 +55,8 @@ JUDGMENTS = pa.schema(
         ("label", pa.string()),  # the judge's pseudo-label for the group, when it has one
         ("parse_rate", pa.float64()),  # llm_judge: share of its judgments that parsed; else null
         ("consistency", pa.float64()),  # CREAM: (tau + 1) / 2 with the previous model; else null
+        ("valid", pa.bool_()),  # judge.validity: false when the response restates, copies or miscalculates
+        ("frozen_yes", pa.float64()),  # judge.frozen: the frozen base model's P(Yes) for the sample
     ]
 )
 PAIRS = pa.schema(
@@ -69,6 +71,7 @@ PAIRS = pa.schema(
         ("chosen_correct", pa.float64()),
         ("rejected_correct", pa.float64()),
         ("consistency", pa.float64()),  # CREAM's per-prompt C, null for the other algorithms
+        ("weight", pa.float64()),  # the pair's weight in the loss (pairs.weight), null: 1
     ]
 )
 GROUPS = pa.schema(  # GRPO: every scored sample of a prompt whose rewards differ

@@ -273,7 +273,18 @@ class JudgeMethod(str, enum.Enum):
     llm_judge = "llm_judge"  # Self-Rewarding LMs: the model scores with the 5-point rubric
     self_certainty = "self_certainty"  # mean KL(Uniform || p) over the response tokens
     implicit_reward = "implicit_reward"  # sum log pi_current - sum log pi_reference (CREAM)
+    vote_share = "vote_share"  # ScPO: a sample's reward is the share of the votes its answer got
     verifier = "verifier"  # ground truth: oracle baseline
+
+
+class CrossView(str, enum.Enum):
+    pooled = "pooled"  # Co-Reward: the plurality of all wordings' votes pooled
+    harmonic = "harmonic"  # Self-Harmony: the answer maximising the harmonic mean of its two views' shares
+
+
+class FrozenJudge(str, enum.Enum):
+    off = "off"
+    yes_logprob = "yes_logprob"  # it0 (adapters off) weighs each answer's votes by its mean P(Yes)
 
 
 class JudgeMode(str, enum.Enum):
@@ -293,7 +304,23 @@ class JudgeConfig(_Section):
         description="llm_judge mode yes_logprob: the question asked about each response",
     )
     min_share: float = Field(
-        0.2, ge=0, le=1, description="a vote label needs at least this share of the votes, else null"
+        0.2, ge=0, le=1, description="a vote label needs at least this share of the votes, else null "
+        "(RESTRAIN and ScPO's gate: 0.5 skips prompts without a majority)",
+    )
+    cross_view: CrossView = Field(
+        CrossView.pooled, description="co_reward: how the original wording's votes and its rewrites' make "
+        "the label: pooled (Co-Reward) or harmonic (Self-Harmony: max 2 p0 p1 / (p0 + p1))",
+    )
+    min_harmony: float = Field(
+        0.0, ge=0, le=1, description="co_reward cross_view harmonic: a label needs at least this score",
+    )
+    validity: bool = Field(
+        False, description="vote judges: responses that restate the question, copy its sentence or write a "
+        "false calculation do not vote, get the lowest reward and are preferred as rejected",
+    )
+    frozen: FrozenJudge = Field(
+        FrozenJudge.off, description="vote judges: the base model, frozen, weighs each answer's vote share by "
+        "its mean P(Yes) for `correct_template` (label score = vote share x frozen P(Yes))",
     )
     template: str = Field(
         "stages/templates/judge_rubric.txt", min_length=1, description="llm_judge: the rubric prompt"
@@ -305,9 +332,29 @@ class JudgeConfig(_Section):
         32, ge=1, description="llm_judge mode generate: prompts judged per iteration (seeded choice; None: all)"
     )
 
+    @model_validator(mode="after")
+    def _vote_options(self) -> "JudgeConfig":
+        votes = (JudgeMethod.majority_vote, JudgeMethod.co_reward, JudgeMethod.vote_share)
+        if self.frozen != FrozenJudge.off and self.method not in votes:
+            raise ValueError(f"frozen: weighs the votes of a vote judge ({', '.join(m.value for m in votes)}), "
+                             f"not {self.method.value}")
+        if self.cross_view != CrossView.pooled and self.method != JudgeMethod.co_reward:
+            raise ValueError(f"cross_view: {self.cross_view.value} compares co_reward's wordings, "
+                             f"not {self.method.value}")
+        return self
+
+
+class PairWeight(str, enum.Enum):
+    none = "none"  # every pair counts once
+    margin = "margin"  # ScPO: chosen reward - rejected reward (with vote_share: the vote margin / k)
+
 
 class PairsConfig(_Section):
     min_margin: float = Field(0.0, ge=0, description="drop pairs whose reward margin is not above this")
+    weight: PairWeight = Field(
+        PairWeight.none, description="each pair's weight in the preference loss (and its NLL term): none, or "
+        "margin (ScPO's vote margin with judge.method vote_share)",
+    )
     sft_min_reward: float = Field(1.0, description="RAFT keeps best samples with at least this reward")
 
 
@@ -354,7 +401,7 @@ class TrainConfig(_Section):
 
 
 class EvaluateConfig(_Section):
-    k: int = Field(8, ge=1, description="samples per problem for maj@k")
+    k: int = Field(8, ge=0, description="samples per problem for maj@k (0: no maj@k, one sampled pass fewer)")
     temperature: float = Field(0.7, gt=0)
     max_new_tokens: int = Field(6, ge=1, description="length of the evaluated answers (greedy and maj@k)")
     batch_size: int = Field(1024, ge=1)

@@ -36,9 +36,10 @@ from typing import Callable, Optional
 
 import pandas as pd
 
-from .config import JudgeConfig, JudgeMethod, JudgeMode
+from .config import CrossView, FrozenJudge, JudgeConfig, JudgeMethod, JudgeMode
 from .quality import consistency_from_tau, kendall_tau, roc_auc
 from .rubric import mean_score, parse_score, render
+from .validity import invalid_reason
 from .tasks.arithmetic import verify as exact_verify
 
 Verify = Callable[[Optional[str], Optional[str]], Optional[float]]  # (answer, gold) -> 1.0 / 0.0 / None
@@ -77,7 +78,21 @@ class JudgeContext:
     max_length: int | None = None  # model.max_length
     progress: bool = True
     verify: Verify = exact_verify  # the task's check of an answer against the gold
+    question: Callable[[str], str] = lambda prompt: prompt  # the task's question without its instruction
+    frozen: Optional[ModelHandle] = None  # judge.frozen: the base model, adapters off
+    frozen_template: Optional[str] = None  # judge.correct_template, for the frozen judge
     _scores: dict = field(default_factory=dict)
+
+    def frozen_yes(self, samples: pd.DataFrame) -> list[Optional[float]]:
+        """The frozen base model's P(Yes) for "is this answer correct?" on every sample (computed once)."""
+        if "frozen_yes" not in self._scores:
+            if self.frozen is None or self.frozen_template is None:
+                raise ValueError("judge.frozen needs the base model and judge.correct_template")
+            sub = JudgeContext(policy=self.frozen, template=self.frozen_template, batch_size=self.batch_size,
+                               max_tokens=self.max_tokens, max_length=self.max_length, progress=self.progress)
+            cfg = JudgeConfig(method=JudgeMethod.llm_judge, mode=JudgeMode.yes_logprob)
+            self._scores["frozen_yes"] = _logprob_judge(samples, cfg, sub).reward
+        return self._scores["frozen_yes"]
 
     def scores(self, which: str, samples: pd.DataFrame):
         """Log-prob scores of every sample under `policy` or `reference` (computed once)."""
@@ -118,17 +133,74 @@ def vote_label(preds: list[str | None], min_share: float) -> str | None:
     return top
 
 
-def _vote_by(key: str) -> Callable[[pd.DataFrame, JudgeConfig, JudgeContext], Verdicts]:
+def answer_scores(preds: list[str | None]) -> dict[str, float]:
+    """Each answer's vote share over all `preds` (a sample without an answer counts, voting for none)."""
+    counts = Counter(p for p in preds if p is not None)
+    return {a: c / len(preds) for a, c in counts.items()}
+
+
+def frozen_weights(preds: list[str | None], frozen: list[float | None]) -> dict[str, float]:
+    """Each answer's mean frozen P(Yes) over its samples (0 where none was judged)."""
+    out = {}
+    for a in set(p for p in preds if p is not None):
+        ps = [f for p, f in zip(preds, frozen) if p == a and f is not None]
+        out[a] = sum(ps) / len(ps) if ps else 0.0
+    return out
+
+
+def harmonic_scores(preds: list[str | None], variants: list[int]) -> dict[str, float]:
+    """Self-Harmony: per answer, 2 p0 p1 / (p0 + p1) of its shares p0 among the original wording's
+    samples and p1 among its rewrites' samples; an answer missing from either view scores 0."""
+    views = [[p for p, v in zip(preds, variants) if (v == 0) == original] for original in (True, False)]
+    if not all(views):
+        return {}
+    p0, p1 = (answer_scores(view) for view in views)
+    return {a: 2 * p0[a] * p1[a] / (p0[a] + p1[a]) if a in p0 and a in p1 else 0.0
+            for a in set(p0) | set(p1)}
+
+
+def top_answer(scores: dict[str, float], gate: float, gate_scores: dict[str, float] | None = None) -> str | None:
+    """The highest-scoring answer if it is unique and its gate score (its vote share unless given)
+    reaches `gate`."""
+    if not scores:
+        return None
+    (top, best), *rest = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))
+    if best <= 0 or (rest and rest[0][1] == best):
+        return None  # a tie has no majority
+    if (gate_scores if gate_scores is not None else scores).get(top, 0.0) < gate:
+        return None
+    return top
+
+
+def _vote_by(key: str, share_reward: bool = False) -> Callable[[pd.DataFrame, JudgeConfig, JudgeContext], Verdicts]:
+    """Vote judges over the samples sharing `key`: the label is the top answer (by vote share, by
+    Self-Harmony's cross-view score for co_reward with cross_view harmonic, times the frozen judge's
+    P(Yes) when on). The reward is 1 for agreeing with the label and 0 otherwise, or with
+    `share_reward` (ScPO) the score of the sample's own answer; no label: no verdict."""
     def judge(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext) -> Verdicts:
-        labels: dict[str, str | None] = {}
-        for k, group in samples.groupby(key, sort=False):
-            preds = [p if isinstance(p, str) else None for p in group["pred"]]
-            labels[k] = vote_label(preds, cfg.min_share)
-        label = [labels[k] for k in samples[key]]
-        reward = [
-            None if lab is None else (1.0 if pred == lab else 0.0)
-            for lab, pred in zip(label, samples["pred"])
-        ]
+        preds = [p if isinstance(p, str) else None for p in samples["pred"]]
+        frozen = ctx.frozen_yes(samples) if cfg.frozen != FrozenJudge.off else None
+        harmonic = key == "group_id" and cfg.cross_view == CrossView.harmonic
+        label = [None] * len(samples)
+        reward: list[Optional[float]] = [None] * len(samples)
+        positions: dict[str, list[int]] = {}
+        for i, k in enumerate(samples[key]):
+            positions.setdefault(k, []).append(i)
+        variants = list(samples["variant"]) if harmonic else None
+        for idx in positions.values():
+            ps = [preds[i] for i in idx]
+            fz = [frozen[i] for i in idx] if frozen is not None else None
+            shares = answer_scores(ps)
+            scores = harmonic_scores(ps, [variants[i] for i in idx]) if harmonic else dict(shares)
+            if fz is not None:
+                weights = frozen_weights(ps, fz)
+                scores = {a: s * weights.get(a, 0.0) for a, s in scores.items()}
+            top = top_answer(scores, cfg.min_harmony) if harmonic else top_answer(scores, cfg.min_share, shares)
+            if top is None:
+                continue
+            for i, p in zip(idx, ps):
+                label[i] = top
+                reward[i] = scores.get(p, 0.0) if share_reward else (1.0 if p == top else 0.0)
         return Verdicts(reward, label)
 
     return judge
@@ -250,6 +322,7 @@ class Judge:
 REGISTRY: dict[JudgeMethod, Judge] = {
     JudgeMethod.majority_vote: Judge(_vote_by("prompt_id")),
     JudgeMethod.co_reward: Judge(_vote_by("group_id"), needs_rewrites=True),
+    JudgeMethod.vote_share: Judge(_vote_by("prompt_id", share_reward=True)),
     JudgeMethod.llm_judge: Judge(_llm_judge, needs_policy=True, needs_template=True),
     JudgeMethod.self_certainty: Judge(_self_certainty, needs_policy=True, verdict=False),
     JudgeMethod.implicit_reward: Judge(_implicit_reward, needs_policy=True, needs_reference=True,
@@ -276,15 +349,33 @@ def consistency(samples: pd.DataFrame, reward: list[Optional[float]], ctx: Judge
 def judge_samples(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext | None = None,
                   with_consistency: bool = False) -> pd.DataFrame:
     """Add `reward`, `label`, `parse_rate` (the configured judge), `consistency` (CREAM, when
-    asked for) and `correct` (the verifier, to measure only)."""
+    asked for), `valid` (judge.validity), `frozen_yes` (judge.frozen) and `correct` (the verifier,
+    to measure only).
+
+    With judge.validity, invalid responses (stages/lib/validity.py) do not vote (their answer is
+    hidden from the judge) and get the lowest reward: 0 for verdicts, the lowest reward given for a
+    ranking."""
     ctx = ctx or JudgeContext()
     judge = REGISTRY[cfg.method]
     # self-judges never see the ground truth
     visible = samples if judge.uses_ground_truth else samples.assign(answer=None)
-    v = judge.fn(visible, cfg, ctx)
     n = len(samples)
+    valid: list[Optional[bool]] = [None] * n
+    if cfg.validity:
+        valid = [invalid_reason(ctx.question(q), r if isinstance(r, str) else "",
+                                p if isinstance(p, str) else None) is None
+                 for q, r, p in zip(samples["prompt"], samples["response"], samples["pred"])]
+        visible = visible.assign(pred=[p if ok else None for p, ok in zip(visible["pred"], valid)])
+    v = judge.fn(visible, cfg, ctx)
+    reward = list(v.reward)
+    if cfg.validity:
+        given = [r for r in reward if r is not None]
+        lowest = 0.0 if judge.verdict else (min(given) if given else None)
+        reward = [r if ok else lowest for r, ok in zip(reward, valid)]
     out = samples.copy()
-    out["reward"] = pd.array(v.reward, dtype="Float64")
+    out["reward"] = pd.array(reward, dtype="Float64")
+    out["valid"] = pd.array(valid, dtype="boolean")
+    out["frozen_yes"] = pd.array(ctx._scores.get("frozen_yes", [None] * n), dtype="Float64")
     out["label"] = pd.array(v.label if v.label is not None else [None] * n, dtype="string")
     out["parse_rate"] = pd.array(v.parse_rate if v.parse_rate is not None else [None] * n, dtype="Float64")
     cons = consistency(visible, v.reward, ctx) if with_consistency else [None] * n

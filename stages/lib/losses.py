@@ -16,6 +16,22 @@ def sft_loss(token_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return -(token_logps * mask).sum() / mask.sum().clamp(min=1)
 
 
+def weighted_mean(losses: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """mean(weight * losses) over the batch; no weight: the plain mean.
+
+    losses: (B,) per-pair losses. weight: (B,) per-pair weights >= 0, no gradient (ScPO weighs each
+    pair by its vote margin (v+ - v-) / k; the mean is over pairs, as ScPO's loss averages over them).
+    """
+    if weight is None:
+        return losses.mean()
+    w = weight.detach().to(losses.dtype)
+    if w.shape != losses.shape:
+        raise ValueError(f"weighted_mean: weight shape {tuple(w.shape)} != {tuple(losses.shape)}")
+    if bool((w < 0).any()):
+        raise ValueError("weighted_mean: weights must be >= 0")
+    return (w * losses).mean()
+
+
 def _pair_rewards(
     policy_chosen: torch.Tensor,
     policy_rejected: torch.Tensor,
@@ -42,6 +58,7 @@ def dpo_loss(
     ref_chosen: torch.Tensor,
     ref_rejected: torch.Tensor,
     beta: float,
+    weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Sigmoid DPO (Rafailov et al. 2023).
 
@@ -49,24 +66,27 @@ def dpo_loss(
 
     policy_chosen, policy_rejected, ref_chosen, ref_rejected: (B,) summed log-probs of each
     response under the policy and the reference.
+    weight: (B,) optional per-pair weights (`weighted_mean`).
     Returns the mean loss (scalar) and detached diagnostics: implicit rewards (B,) and margins.
     The NLL term of iterative RPO is `with_nll`, added by the caller for every algorithm alike.
     """
     chosen_reward, rejected_reward, stats = _pair_rewards(
         policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta
     )
-    return -F.logsigmoid(chosen_reward - rejected_reward).mean(), stats
+    return weighted_mean(-F.logsigmoid(chosen_reward - rejected_reward), weight), stats
 
 
-def with_nll(loss: torch.Tensor, chosen_nll: torch.Tensor, weight: float) -> torch.Tensor:
-    """Iterative RPO's NLL term (Pang et al. 2024): loss + weight * mean(chosen_nll).
+def with_nll(loss: torch.Tensor, chosen_nll: torch.Tensor, weight: float,
+             pair_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Iterative RPO's NLL term (Pang et al. 2024): loss + weight * mean(pair_weight * chosen_nll).
 
     loss: a preference loss (scalar, already a batch mean). chosen_nll: (B,) length-normalised
     NLL of the chosen response under the policy. weight >= 0; 0 gives `loss` unchanged.
+    pair_weight: (B,) the pairs' own weights, as the preference term got them (ScPO weighs both).
     """
     if weight < 0:
         raise ValueError("with_nll: weight must be >= 0")
-    return loss + weight * chosen_nll.mean() if weight > 0 else loss
+    return loss + weight * weighted_mean(chosen_nll, pair_weight) if weight > 0 else loss
 
 
 def ipo_loss(
@@ -75,6 +95,7 @@ def ipo_loss(
     ref_chosen: torch.Tensor,
     ref_rejected: torch.Tensor,
     beta: float,
+    weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """IPO, the squared-loss preference objective of Azar et al. 2023 ("A General Theoretical Paradigm").
 
@@ -93,7 +114,7 @@ def ipo_loss(
     h = (policy_chosen - ref_chosen) - (policy_rejected - ref_rejected)
     losses = (h - 1 / (2 * beta)) ** 2
     _, _, stats = _pair_rewards(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta)
-    return losses.mean(), stats
+    return weighted_mean(losses, weight), stats
 
 
 def spin_loss(
@@ -102,6 +123,7 @@ def spin_loss(
     ref_real: torch.Tensor,
     ref_generated: torch.Tensor,
     beta: float,
+    weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """SPIN, self-play fine-tuning (Chen et al. 2024), with the logistic loss.
 
@@ -112,7 +134,7 @@ def spin_loss(
     policy_real, policy_generated, ref_real, ref_generated: (B,) summed log-probs.
     Returns the mean loss (scalar) and dpo_loss's detached diagnostics ("chosen" = real).
     """
-    return dpo_loss(policy_real, policy_generated, ref_real, ref_generated, beta)
+    return dpo_loss(policy_real, policy_generated, ref_real, ref_generated, beta, weight)
 
 
 def cream_loss(
@@ -122,6 +144,7 @@ def cream_loss(
     ref_rejected: torch.Tensor,
     consistency: torch.Tensor,
     beta: float,
+    weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """CREAM, consistency-regularised self-rewarding DPO (Wang et al. 2024).
 
@@ -146,7 +169,7 @@ def cream_loss(
     c = c.to(margin.dtype)
     losses = -c * F.logsigmoid(margin) - (1 - c) * F.logsigmoid(-margin)
     stats["consistency"] = c.mean()
-    return losses.mean(), stats
+    return weighted_mean(losses, weight), stats
 
 
 def grpo_loss(

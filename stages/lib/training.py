@@ -396,6 +396,7 @@ def train_preference(
     nll_weight: float = 0.0,
     consistency: list[float] | None = None,
     max_grad_norm: float = 1.0,
+    weights: list[float] | None = None,
     accelerator=None,
     checkpoints: Checkpoints | None = None,
     micro_batch_size: int | None = None,
@@ -407,6 +408,7 @@ def train_preference(
     IPO uses length-normalised (token-mean) log-probs as TRL does; the others summed log-probs.
     The NLL term on the chosen answer (iterative RPO) applies to dpo, cream and spin (where the
     chosen answer is the seed data's reference; `nll_weight: 0` gives SPIN's original loss).
+    `weights`: one per pair (pairs.weight), multiplying its preference and NLL terms; None: all 1.
     """
     if not prompts:
         return fit(model, 0, None, schedule, batch_size, seed, checkpoints=checkpoints)
@@ -424,6 +426,7 @@ def train_preference(
     ref_c_seq = seq(reference_logprobs(model, enc_c, micro))
     ref_r_seq = seq(reference_logprobs(model, enc_r, micro))
     cons = torch.tensor(consistency if consistency is not None else [0.5] * len(prompts), dtype=torch.float)
+    pair_w = torch.tensor(weights, dtype=torch.float) if weights is not None else None
 
     def step(runner, idx, device):
         lc, mc = token_logprobs(runner, enc_c.batch(idx, device))
@@ -432,18 +435,19 @@ def train_preference(
         if mean:
             pc, pr = pc / mc.sum(-1).clamp(min=1), pr / mr.sum(-1).clamp(min=1)
         rc, rr = ref_c_seq[idx].to(device), ref_r_seq[idx].to(device)
+        w = pair_w[idx].to(device) if pair_w is not None else None
         if algorithm == Algorithm.dpo:
-            loss, stats = dpo_loss(pc, pr, rc, rr, beta)
+            loss, stats = dpo_loss(pc, pr, rc, rr, beta, w)
         elif algorithm == Algorithm.ipo:
-            loss, stats = ipo_loss(pc, pr, rc, rr, beta)
+            loss, stats = ipo_loss(pc, pr, rc, rr, beta, w)
         elif algorithm == Algorithm.spin:
-            loss, stats = spin_loss(pc, pr, rc, rr, beta)
+            loss, stats = spin_loss(pc, pr, rc, rr, beta, w)
         elif algorithm == Algorithm.cream:
-            loss, stats = cream_loss(pc, pr, rc, rr, cons[idx].to(device), beta)
+            loss, stats = cream_loss(pc, pr, rc, rr, cons[idx].to(device), beta, w)
         else:
             raise ValueError(f"not a preference algorithm: {algorithm}")
         if algorithm != Algorithm.ipo:  # IPO's squared loss has its own target margin; no NLL term
-            loss = with_nll(loss, -lc.sum(-1) / mc.sum(-1).clamp(min=1), nll_weight)
+            loss = with_nll(loss, -lc.sum(-1) / mc.sum(-1).clamp(min=1), nll_weight, w)
         return loss, {
             "reward_margin": stats["reward_margin"].mean().item(),
             "reward_accuracy": stats["reward_accuracy"].mean().item(),

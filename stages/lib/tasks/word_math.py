@@ -287,7 +287,11 @@ class WordMathTask(FreeTextAnswers, ProceduralTask):
         def draw_many(n: int, what: str | None) -> list[WordProblem]:
             out = []
             for i in range(n):
-                p = self.draw(rng, self.levels[i % len(self.levels)], set(), keys)
+                p = None
+                for j in range(len(self.levels)):  # round robin; a level that has run out passes its turn on
+                    p = self.draw(rng, self.levels[(i + j) % len(self.levels)], set(), keys)
+                    if p is not None:
+                        break
                 if p is None:
                     if what is None:  # the seed data takes what is left
                         continue

@@ -1,0 +1,216 @@
+"""The label-free rules, each on a known input with a known output: ScPO's vote share and vote-margin
+weights, RESTRAIN's gate, Self-Harmony's cross-view label, the validity check, the frozen judge."""
+
+import random
+
+import pandas as pd
+import pytest
+import torch
+
+from stages.lib.config import JudgeConfig, PairsConfig, TaskConfig
+from stages.lib.judges import (JudgeContext, ModelHandle, answer_scores, frozen_weights, harmonic_scores,
+                               judge_samples, top_answer)
+from stages.lib.losses import dpo_loss, weighted_mean, with_nll
+from stages.lib.tasks import task_for
+from stages.lib.validity import copied_sentence, false_calculation, invalid_reason, numbers
+from stages.pairs import build
+
+QUESTION = "Tom has 9 marbles. He buys 3 more marbles. How many marbles does Tom have now?"
+
+
+def _samples(preds, prompt_id="p", variants=None, responses=None, prompt=QUESTION):
+    n = len(preds)
+    return pd.DataFrame({
+        "iteration": "it1", "prompt_id": prompt_id, "group_id": "g",
+        "variant": variants if variants is not None else [0] * n, "source": "ttt", "category": "c",
+        "prompt": prompt, "answer": "12", "sample_id": [f"{prompt_id}/s{i}" for i in range(n)],
+        "response": responses if responses is not None else [f"So the answer is {p}." for p in preds],
+        "pred": preds, "pred_form": "answer_is", "truncated": False,
+    })
+
+
+# ScPO: reward = vote share, pairs most- vs least-voted, weighted by the vote margin
+
+
+def test_vote_share_rewards_each_answer_by_its_votes_and_pairs_carry_the_vote_margin():
+    s = _samples(["12"] * 5 + ["9", "9", None])
+    out = judge_samples(s, JudgeConfig(method="vote_share", min_share=0.5))
+    assert list(out["reward"]) == [5 / 8] * 5 + [2 / 8, 2 / 8, 0.0]
+    assert set(out["label"]) == {"12"}
+    pairs, _ = build(out, PairsConfig(weight="margin"), seed=0)
+    (row,) = pairs.to_dict("records")
+    assert row["chosen"] == "So the answer is 12." and row["rejected"] == "So the answer is None."
+    assert row["weight"] == pytest.approx(5 / 8)  # (5 votes - 0 votes) / k
+    unweighted, _ = build(out, PairsConfig(), seed=0)
+    assert unweighted["weight"].isna().all()
+
+
+def test_the_vote_gate_skips_prompts_without_a_majority_and_unanimous_prompts_give_no_pair():
+    # RESTRAIN / ScPO: a top answer under half the votes gives no verdict at all
+    split = judge_samples(_samples(["1", "1", "2", "3", "4"]), JudgeConfig(method="vote_share", min_share=0.5))
+    assert split["reward"].isna().all() and split["label"].isna().all()
+    half = judge_samples(_samples(["1", "1", "2", "3"]), JudgeConfig(method="vote_share", min_share=0.5))
+    assert list(half["reward"]) == [0.5, 0.5, 0.25, 0.25]
+    same = judge_samples(_samples(["7"] * 4), JudgeConfig(method="majority_vote", min_share=0.5))
+    assert list(same["reward"]) == [1.0] * 4
+    pairs, _ = build(same, PairsConfig(), seed=0)
+    assert pairs.empty  # unanimous: nothing to prefer
+
+
+def test_weighted_preference_loss_is_the_mean_of_weight_times_loss_and_zero_weight_gives_no_gradient():
+    pc = torch.tensor([-1.0, -2.0], requires_grad=True)
+    pr, rc, rr = torch.tensor([-3.0, -1.0]), torch.tensor([-2.0, -2.0]), torch.tensor([-2.0, -2.0])
+    w = torch.tensor([0.75, 0.0])
+    loss, _ = dpo_loss(pc, pr, rc, rr, 0.5, w)
+    per = -torch.nn.functional.logsigmoid(0.5 * ((pc - rc) - (pr - rr)))
+    assert loss.item() == pytest.approx(float((w * per).sum() / 2))
+    loss.backward()
+    assert pc.grad[1].item() == 0.0 and pc.grad[0].item() < 0
+    plain, _ = dpo_loss(pc, pr, rc, rr, 0.5)
+    assert plain.item() == pytest.approx(weighted_mean(per, torch.ones(2)).item())
+    nll = torch.tensor([2.0, 4.0])
+    assert with_nll(torch.tensor(0.0), nll, 1.0, w).item() == pytest.approx(0.75)
+    with pytest.raises(ValueError, match="weights must be >= 0"):
+        weighted_mean(per, torch.tensor([1.0, -1.0]))
+
+
+# Self-Harmony: the harmonic mean of an answer's shares in the original wording and its rewrites
+
+
+def test_harmonic_label_needs_both_views_where_the_pooled_vote_ties():
+    preds = ["7", "7", "7", "9", "9", "9", "8", "8"]
+    variants = [0, 0, 0, 0, 1, 1, 1, 1]
+    assert harmonic_scores(preds, variants) == pytest.approx({"7": 0.0, "9": 2 * 0.25 * 0.5 / 0.75, "8": 0.0})
+    s = _samples(preds, variants=variants).assign(prompt_id=[f"v{v}" for v in variants])
+    pooled = judge_samples(s, JudgeConfig(method="co_reward"))
+    assert pooled["label"].isna().all()  # 7 and 9 tie at 3 votes each
+    harmony = judge_samples(s, JudgeConfig(method="co_reward", cross_view="harmonic"))
+    assert set(harmony["label"]) == {"9"}
+    assert list(harmony["reward"]) == [0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0]
+    gated = judge_samples(s, JudgeConfig(method="co_reward", cross_view="harmonic", min_harmony=0.5))
+    assert gated["label"].isna().all()  # 0.333 < 0.5
+    assert harmonic_scores(["7", "7"], [0, 0]) == {}  # no rewrite: no second view
+
+
+def test_harmonic_is_refused_for_a_judge_without_rewrites():
+    with pytest.raises(ValueError, match="cross_view: harmonic compares co_reward"):
+        JudgeConfig(method="majority_vote", cross_view="harmonic")
+
+
+# the validity check
+
+
+def test_validity_reasons_on_known_responses():
+    assert numbers("Tom has 9 marbles and 1,200 more, 3.5") == ["9", "1200", "3.5"]
+    assert invalid_reason(QUESTION, "Tom has 9 marbles.", "9") == "restates"
+    assert invalid_reason(QUESTION, "He buys 3 more marbles.", "3") == "copies"
+    assert copied_sentence(QUESTION, "He buys 3 more marbles.", "3") == "He buys 3 more marbles."
+    assert invalid_reason(QUESTION, "9 + 3 = 13. The answer is 13.", "13") == "false_calc"
+    assert invalid_reason(QUESTION, "9 + 3 = 12. The answer is 12.", "12") is None
+    assert invalid_reason(QUESTION, "I do not know", None) is None
+    assert false_calculation("2 + 3 + 4 = 9") is None  # a chain's tail is not read as 3 + 4 = 9
+    assert false_calculation("12 x 3 = 36, 7 / 2 = 3.5, 5 - 8 = -3") is None
+    assert false_calculation("6 * 7 = 41") == "6 * 7 = 41"
+
+
+def test_word_math_right_answers_are_never_rejected_for_restating():
+    one = task_for(TaskConfig(name="word_math", max_number=100, heldout_size=500, ttt_size=10))
+    for prompt, answer in zip(one.sets(0, 0).heldout["prompt"], one.sets(0, 0).heldout["answer"]):
+        assert invalid_reason(one.question(prompt), f"The answer is {answer}.", answer) is None, prompt
+    two = task_for(TaskConfig(name="word_math", levels=["add+sub", "sub+add", "mul+sub"], max_number=20,
+                              heldout_size=300, ttt_size=10))
+    sets = two.sets(0, 0)
+    back_to_start = 0
+    for prompt, answer in zip(sets.heldout["prompt"], sets.heldout["answer"]):
+        q = two.question(prompt)
+        first, n = numbers(q)[0], numbers(q)[2]
+        bare = invalid_reason(q, f"The answer is {answer}.", answer)
+        assert (bare == "restates") == (answer == first) and bare in (None, "restates"), q
+        back_to_start += bare is not None
+        worked = f"{int(answer) + int(n)} - {n} = {answer}. The answer is {answer}."
+        assert invalid_reason(q, worked, answer) is None, q  # shown arriving at it: not a restatement
+    assert 0 < back_to_start / len(sets.heldout) < 0.1  # a bare right answer that is the start is flagged
+
+
+def test_invalid_samples_do_not_vote_are_never_chosen_and_are_rejected_first():
+    preds = ["9", "9", "9", "12", "12", "5"]
+    responses = ["Tom has 9 marbles."] * 3 + ["9 + 3 = 12. The answer is 12."] * 2 + ["The answer is 5."]
+    s = _samples(preds, responses=responses)
+    fooled = judge_samples(s, JudgeConfig(method="majority_vote"))
+    assert set(fooled["label"]) == {"9"} and fooled["valid"].isna().all()
+    checked = judge_samples(s, JudgeConfig(method="majority_vote", validity=True))
+    assert set(checked["label"]) == {"12"}
+    assert list(checked["valid"]) == [False] * 3 + [True] * 3
+    assert list(checked["reward"]) == [0.0, 0.0, 0.0, 1.0, 1.0, 0.0]
+    for seed in range(5):
+        pairs, best = build(checked, PairsConfig(), seed=seed)
+        assert pairs["rejected"].tolist() == ["Tom has 9 marbles."]  # invalid before the valid wrong one
+        assert pairs["chosen"].tolist() == ["9 + 3 = 12. The answer is 12."]
+    # a ranking judge's invalid sample gets the lowest reward given
+    ranked = judge_samples(s, JudgeConfig(method="vote_share", validity=True))
+    assert list(ranked["reward"])[:3] == [0.0] * 3
+    # an invalid sample is never chosen, even with the highest reward
+    s2 = s.assign(valid=[False] + [True] * 5, reward=pd.array([1.0, 0.5, 0.5, 0.5, 0.5, 0.0], dtype="Float64"),
+                  correct=pd.array([None] * 6, dtype="Float64"), consistency=None)
+    pairs, best = build(s2, PairsConfig(sft_min_reward=0.5), seed=0)
+    assert pairs["chosen_reward"].tolist() == [0.5] and best["reward"].tolist() == [0.5]
+
+
+# the frozen judge
+
+
+def test_frozen_weights_move_the_label_to_the_answer_the_frozen_judge_believes():
+    preds = ["5", "5", "5", "5", "8", "8", "8", None]
+    frozen = [0.2, 0.2, 0.2, 0.2, 0.9, 0.9, 0.9, None]
+    shares = answer_scores(preds)
+    assert shares == {"5": 0.5, "8": 0.375}
+    weights = frozen_weights(preds, frozen)
+    assert weights == pytest.approx({"5": 0.2, "8": 0.9})
+    scores = {a: shares[a] * weights[a] for a in shares}
+    assert top_answer(scores, 0.2, shares) == "8"
+    assert top_answer(scores, 0.4, shares) is None  # the gate reads the vote share: 8 has 0.375
+
+
+def test_frozen_judge_scores_with_the_base_model_on_real_samples(bpe_model_dir):
+    from stages.lib.models import load_model
+    from stages.lib.rubric import load_template
+
+    handle = ModelHandle(*load_model(bpe_model_dir))
+    template = load_template("stages/templates/judge_correct.txt")
+    s = _samples(["12", "12", "9", "12"], responses=["12", "The answer is 12.", "9", "twelve: 12"])
+    ctx = JudgeContext(frozen=handle, frozen_template=template, progress=False)
+    out = judge_samples(s, JudgeConfig(method="vote_share", frozen="yes_logprob"), ctx)
+    p_yes = [float(x) for x in out["frozen_yes"]]
+    assert all(0 < p < 1 for p in p_yes)
+    mean12 = (p_yes[0] + p_yes[1] + p_yes[3]) / 3
+    assert list(out["reward"]) == pytest.approx([0.75 * mean12] * 2 + [0.25 * p_yes[2], 0.75 * mean12])
+    with pytest.raises(ValueError, match="frozen: weighs the votes of a vote judge"):
+        JudgeConfig(method="self_certainty", frozen="yes_logprob")
+    with pytest.raises(ValueError, match="needs the base model"):
+        judge_samples(s, JudgeConfig(method="vote_share", frozen="yes_logprob"), JudgeContext())
+
+
+def test_a_loop_with_the_label_free_rules_on_a_chat_model(tmp_path_factory, bpe_model_dir):
+    """ScPO's vote share with its gate and margin weights, the validity check and the frozen judge,
+    through every stage of a real loop (DPO on a chat model, word problems, no maj@k)."""
+    from stages.lib import artifacts as art
+    from tests.test_tasks import _loop
+
+    work = _loop(tmp_path_factory, bpe_model_dir, "label-free", {
+        "task": {"name": "word_math", "heldout_size": 8, "ttt_size": 8},
+        "sample": {"k": 4, "temperature": 1.0}, "evaluate": {"k": 0},
+        "evolve": {"fresh": 4, "keep_top": 2, "rewrites": 1},
+        "judge": {"method": "vote_share", "min_share": 0.5, "validity": True, "frozen": "yes_logprob"},
+        "pairs": {"weight": "margin"}})
+    n_pairs = 0
+    for it in ("it1", "it2", "it3"):
+        judged = art.read_table(work / f"data/{it}/judgments.parquet", art.JUDGMENTS)
+        assert judged["valid"].notna().all()
+        assert judged["frozen_yes"].dropna().between(0, 1).all() and judged["frozen_yes"].notna().any()
+        pairs = art.read_table(work / f"data/{it}/pairs.parquet", art.PAIRS)
+        assert (pairs["weight"] == pairs["chosen_reward"] - pairs["rejected_reward"]).all()
+        n_pairs += len(pairs)
+        m = art.read_json(work / f"reports/iterations/{it}/metrics.json")
+        assert m["invalid_share"] == pytest.approx(float((~judged["valid"].astype(bool)).mean()))
+        assert "maj_accuracy" not in m and "accuracy" in m
+    assert n_pairs > 0
