@@ -13,6 +13,7 @@ import yaml
 
 from stages.lib import artifacts as art
 from stages.lib.config import EvolveConfig, JudgeConfig, TaskConfig
+from stages.lib.errors import ConfigError
 from stages.lib.tasks import ProposeInput, task_for
 from stages.lib.tasks.answers import Extracted, equivalent, extract, gold_answer, normalise
 from stages.lib.tasks.word_math import Generator, WordProblem, parse
@@ -139,6 +140,18 @@ def test_word_math_sets_are_disjoint_in_any_wording_and_balanced():
     for _, group in out.groupby("group_id"):
         assert group["answer"].nunique() == 1 and len(group) == 3
     assert (out["source"] == "fresh").sum() == 30 * 3
+
+
+def test_word_math_levels_that_run_out_pass_their_turn_on():
+    # one-step mul with numbers to 30 has 116 distinct problems: the held-out set takes them all,
+    # add and sub fill the rest, and nothing is drawn twice
+    task = task_for(TaskConfig(name="word_math", max_number=30, heldout_size=512, ttt_size=128))
+    sets = task.sets(0, 0)
+    assert sets.heldout["category"].value_counts().to_dict() == {"add": 225, "sub": 171, "mul": 116}
+    held, ttt = ({task.parse(p).key for p in df["prompt"]} for df in (sets.heldout, sets.ttt))
+    assert len(held) == 512 and len(ttt) == 128 and not held & ttt
+    with pytest.raises(ConfigError, match="task.heldout_size: word_math .* too few distinct problems for 600"):
+        task_for(TaskConfig(name="word_math", heldout_size=600, ttt_size=8)).sets(0, 0)
 
 
 def test_word_math_instruction_line_is_shown_and_parsed_back():
