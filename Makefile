@@ -76,8 +76,8 @@ SMOL_RECIPE = $(SMOL_$(RECIPE))
 loop-smollm2: smollm2  ## the loop on SmolLM2-135M-Instruct, word problems, as DVC experiment smol-JUDGE-sSEED (JUDGE=co_reward SEED=0 ENGINE=ct2|hf; TARGET=evaluate@it2 stops there)
 	dvc exp run -n smol-$(JUDGE)-s$(SEED) $(SMOL_RECIPE) -S judge.method=$(JUDGE) -S seed=$(SEED) $(TARGET)
 
-loops-smollm2: smollm2  ## the real-model comparison: each judge over seeds, results to reports/smollm2/ (JUDGES=..., SEEDS=...)
-	$(PY) -m scripts.real_loops --judges $(or $(JUDGES),verifier co_reward majority_vote) --seeds $(or $(SEEDS),0 1 2)
+loops-smollm2: smollm2  ## the real-model comparison: each judge over seeds, results to reports/smollm2_v2/ (RECIPE=V1: reports/smollm2/; JUDGES=..., SEEDS=...)
+	$(PY) -m scripts.real_loops --recipe $(RECIPE) --judges $(or $(JUDGES),verifier co_reward majority_vote) --seeds $(or $(SEEDS),0 1 2)
 
 gap-smollm2: smollm2  ## every judge and label-free rule on SmolLM2's own samples before any loop (reports/gap_smollm2.*; RECIPE=V1 the old sizes)
 	$(PY) -m scripts.gap $(SMOL_RECIPE) -S task.heldout_size=128 -S task.ttt_size=64 --temperatures 0.3 0.7 1.0 \

@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> None:
             out = Path(args.out)
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+            out.with_suffix(".md").write_text(lengths_table(result))
         return
     # 2. it1's prompts, sampled by it0 at each temperature, diagnosed under every rule
     inp = ProposeInput(params.evolve, "it1", derive_seed(params.seed, "evolve", "it1"), sets.ttt, sets.heldout,
@@ -224,6 +225,19 @@ def by_length(task, tok, heldout: pd.DataFrame, res, lengths: list[int]) -> dict
         out[str(length)] = {"accuracy": sum(right) / len(right), "truncated_share": sum(cut) / len(cut),
                             "mean_tokens": sum(n_tokens) / len(n_tokens), "n": len(right)}
     return out
+
+
+def lengths_table(r: dict) -> str:
+    """The length study as Markdown: accuracy, cut share and mean length per response length."""
+    g = r["greedy"]
+    lines = [f"it0 greedy answers to {g['n']} held-out problems, instruction: {r.get('instruction')!r}; "
+             f"by category at the longest length: "
+             + ", ".join(f"{c} {v['accuracy']:.3f} (n {v['n']})" for c, v in g["by_category"].items()), "",
+             "| new tokens | accuracy | s.e. | answers cut | mean tokens |", "|---|---|---|---|---|"]
+    for length, v in sorted(r["lengths"].items(), key=lambda kv: int(kv[0])):
+        se = (v["accuracy"] * (1 - v["accuracy"]) / v["n"]) ** 0.5
+        lines.append(f"| {length} | {v['accuracy']:.3f} | {se:.3f} | {v['truncated_share']:.3f} | {v['mean_tokens']:.1f} |")
+    return "\n".join(lines) + "\n"
 
 
 def _f(x) -> str:

@@ -15,6 +15,7 @@ import argparse
 import hashlib
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from .lib import artifacts as art
@@ -147,6 +148,27 @@ def head_to_head(new: ModelHandle, old: ModelHandle, heldout: pd.DataFrame, judg
     return {f"win_{k}" if k != "win_rate" else k: v for k, v in result.items()}
 
 
+def vote_signals(judgments: pd.DataFrame) -> dict[str, float | None]:
+    """What the samples say without gold: `vote_share`, the mean share of a prompt's samples that
+    give its most frequent answer (no answer counts as a vote for none); `distinct_answers` per
+    prompt; `cross_view_agreement`, over problems asked in several wordings, the share whose
+    wordings' most frequent answers are one and the same."""
+    if judgments.empty:
+        return {"vote_share": None, "distinct_answers": None, "cross_view_agreement": None}
+    preds = judgments.assign(pred=judgments["pred"].astype(object).where(judgments["pred"].notna(), None))
+    shares, distinct, tops = [], [], {}
+    for (group, variant), g in preds.groupby(["group_id", "variant"], sort=False):
+        counts = g["pred"].dropna().value_counts()
+        shares.append(float(counts.iloc[0]) / len(g) if len(counts) else 0.0)
+        distinct.append(len(counts))
+        tops.setdefault(group, []).append(counts.index[0] if len(counts) and
+                                          (len(counts) == 1 or counts.iloc[0] > counts.iloc[1]) else None)
+    views = [t for t in tops.values() if len(t) > 1]
+    agree = [all(x is not None and x == t[0] for x in t) for t in views]
+    return {"vote_share": float(np.mean(shares)), "distinct_answers": float(np.mean(distinct)),
+            "cross_view_agreement": float(np.mean(agree)) if agree else None}
+
+
 def iteration_metrics(judgments: pd.DataFrame, pairs: pd.DataFrame, sft: pd.DataFrame, train: dict,
                       verdict: bool = True, task: Task | None = None) -> dict:
     q = judge_quality(judgments, verdict, *([task.verify] if task is not None else []))
@@ -178,6 +200,7 @@ def iteration_metrics(judgments: pd.DataFrame, pairs: pd.DataFrame, sft: pd.Data
         # label-free signals: the validity check's rejections, the frozen judge's mean P(Yes)
         "invalid_share": float((~valid.astype(bool)).mean()) if len(valid) else None,
         "frozen_yes": float(frozen.mean()) if len(frozen) else None,
+        **vote_signals(judgments),
         **{k: v for k, v in train.items() if isinstance(v, (int, float))},
     }
 

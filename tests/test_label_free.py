@@ -214,3 +214,17 @@ def test_a_loop_with_the_label_free_rules_on_a_chat_model(tmp_path_factory, bpe_
         assert m["invalid_share"] == pytest.approx(float((~judged["valid"].astype(bool)).mean()))
         assert "maj_accuracy" not in m and "accuracy" in m
     assert n_pairs > 0
+
+
+def test_vote_signals_read_without_gold():
+    from stages.evaluate import vote_signals
+
+    s = _samples(["5", "5", "7", None, "5", "5", "5", "5"], variants=[0, 0, 0, 0, 1, 1, 1, 1])
+    s = s.assign(prompt_id=[f"v{v}" for v in s["variant"]])
+    sig = vote_signals(s)
+    assert sig["vote_share"] == pytest.approx((2 / 4 + 4 / 4) / 2)
+    assert sig["distinct_answers"] == pytest.approx((2 + 1) / 2)
+    assert sig["cross_view_agreement"] == 1.0  # both wordings' top answer is 5
+    other = s.assign(pred=["7", "7", "5", None, "5", "5", "5", "5"])
+    assert vote_signals(other)["cross_view_agreement"] == 0.0
+    assert vote_signals(s[s["variant"] == 0])["cross_view_agreement"] is None  # one wording: nothing to compare
