@@ -183,8 +183,12 @@ def iteration_metrics(judgments: pd.DataFrame, pairs: pd.DataFrame, sft: pd.Data
                          if q.get("judge_auc") is not None else None),
         "judge_accuracy_se": cluster_se(agree.astype(float), scored["group_id"]) if verdict else None,
     }
-    variants = judgments.groupby("group_id")["variant"].nunique() if len(judgments) else pd.Series(dtype=float)
     valid, frozen = judgments["valid"].dropna(), judgments["frozen_yes"].dropna().astype(float)
+    if len(valid):
+        noise["invalid_share_se"] = cluster_se((~valid.astype(bool)).astype(float), judgments.loc[valid.index, "group_id"])
+    if len(frozen):
+        noise["frozen_yes_se"] = cluster_se(frozen, judgments.loc[frozen.index, "group_id"])
+    variants = judgments.groupby("group_id")["variant"].nunique() if len(judgments) else pd.Series(dtype=float)
     return {
         **{k: v for k, v in q.items() if v is not None},
         **{k: v for k, v in noise.items() if v is not None},

@@ -73,20 +73,50 @@ def test_alarm_fires_only_beyond_twice_the_standard_error_of_the_difference():
         "the difference = 0.100) (reward hacking?)")]
     assert reward_hacking_alarm(history(0.09)) == []
     assert reward_hacking_alarm(history(0.11), z=3) == []  # 3 s.e. = 0.15
-    # the same fall with the self-reward falling too is no sign of hacking
+    # the same fall with the self-reward falling too is no sign of hacking, but a policy below it0
     flat = history(0.2)
     flat[2]["reward_mean"] = 0.30
-    assert reward_hacking_alarm(flat) == []
+    assert reward_hacking_alarm(flat) == [
+        "it2: held-out accuracy fell 0.60 -> 0.40 below it0's (-0.200, beyond 2 s.e. of the difference = 0.128) "
+        "(policy degrading)"]
 
 
-def test_alarm_on_the_policys_own_samples_and_never_at_it1():
+def test_alarm_on_the_policys_own_samples_and_on_held_out_from_it1():
     history = [{"iteration": "it0", "accuracy": 0.9, "accuracy_se": 0.01},
                {"iteration": "it1", "reward_mean": 0.5, "accuracy": 0.2, "accuracy_se": 0.01,  # no reward before
                 "sample_accuracy": 0.50, "sample_accuracy_se": 0.02},
                {"iteration": "it2", "reward_mean": 0.6, "sample_accuracy": 0.40, "sample_accuracy_se": 0.02}]
-    (alarm,) = reward_hacking_alarm(history)
-    assert alarm.startswith("it2: reward_mean rose 0.50 -> 0.60 while sample_accuracy fell 0.50 -> 0.40 "
-                            "(-0.100, beyond 2 s.e. of the difference = 0.057)")
+    held, own = reward_hacking_alarm(history)
+    # the first iteration has no self-reward to compare, but its fall below it0 is seen
+    assert held.startswith("it1: held-out accuracy fell 0.90 -> 0.20 below it0's (-0.700, beyond 2 s.e.")
+    assert own.startswith("it2: reward_mean rose 0.50 -> 0.60 while sample_accuracy fell 0.50 -> 0.40 "
+                          "(-0.100, beyond 2 s.e. of the difference = 0.057)")
+
+
+def test_alarm_on_held_out_reads_the_paired_interval_first():
+    row = {"iteration": "it1", "accuracy": 0.50, "accuracy_se": 0.05}
+    base = {"iteration": "it0", "accuracy": 0.56, "accuracy_se": 0.05}
+    # unpaired, -0.06 is noise (bound 0.141); the paired interval on the same problems is below 0
+    assert reward_hacking_alarm([base, row]) == []
+    paired = {**row, "accuracy_gain": -0.06, "accuracy_gain_lo": -0.10, "accuracy_gain_hi": -0.02}
+    assert reward_hacking_alarm([base, paired]) == [
+        "it1: held-out accuracy fell -0.060 below it0's, paired 95% interval [-0.100, -0.020] (policy degrading)"]
+    assert reward_hacking_alarm([base, {**paired, "accuracy_gain_hi": 0.01}]) == []
+
+
+def test_label_free_alarms_frozen_judge_and_invalid_share():
+    def history(frozen, invalid, rewards=(0.5, 0.6, 0.7)) -> list[dict]:
+        return [{"iteration": f"it{i + 1}", "reward_mean": r, "frozen_yes": f, "frozen_yes_se": 0.01,
+                 "invalid_share": v, "invalid_share_se": 0.02} for i, (r, f, v) in enumerate(zip(rewards, frozen, invalid))]
+
+    assert reward_hacking_alarm(history((0.40, 0.41, 0.40), (0.05, 0.06, 0.07))) == []
+    drift = reward_hacking_alarm(history((0.40, 0.40, 0.34), (0.05, 0.06, 0.07)))
+    assert drift == ["it3: reward_mean rose 0.60 -> 0.70 while the frozen judge's P(Yes) fell 0.40 -> 0.34 "
+                     "(-0.060, beyond 2 s.e. of the difference = 0.028) (self-judge drifting from the frozen one?)"]
+    assert reward_hacking_alarm(history((0.40, 0.40, 0.34), (0.05,) * 3, rewards=(0.5, 0.6, 0.5))) == []
+    restating = reward_hacking_alarm(history((0.40,) * 3, (0.05, 0.08, 0.20)))
+    assert restating == ["it3: invalid_share rose 0.05 -> 0.20 since it1 (+0.150, beyond 2 s.e. of the "
+                         "difference = 0.057) (restating or miscalculating?)"]
 
 
 def test_judge_alarm_needs_two_falls_in_a_row_beyond_noise():

@@ -9,8 +9,9 @@ These measures put it next to evidence that does not come from the judge:
   model iterations rank the same responses, C = (tau + 1) / 2, and uses it to down-weight the
   preference pairs of an inconsistent judge.
 - ``reward_hacking_alarm``: the self-reward rising while the policy's true quality falls, or the judge's
-  quality falling two iterations running, each beyond its sampling noise (``binomial_se``,
-  ``cluster_se``, ``auc_se``).
+  quality falling two iterations running, held-out accuracy below it0's, or, without labels, the
+  frozen judge disagreeing with the self-reward and the invalid share rising, each beyond its sampling
+  noise (``binomial_se``, ``cluster_se``, ``auc_se``, the paired interval of ``paired_gain``).
 - ``win_rate``: per instruction prompt, the judge's score of the new model's response against the
   previous model's.
 
@@ -190,6 +191,14 @@ def reward_hacking_alarm(history: Sequence[dict], *, z: float = 2.0) -> list[str
       alone is no alarm, but a policy that gets its own prompts right more often while it gets
       worse on held-out problems is no excuse).
 
+    - held-out: an iteration's held-out accuracy below it0's beyond noise: its paired 95% interval
+      (`accuracy_gain_hi`, the same problems at it0 and here) below 0, or without one, a fall of more
+      than `z` s.e. of the difference. Tested from it1 on, whatever the self-reward did.
+    - frozen: reward_mean rose while the frozen judge's mean P(Yes) on the policy's samples
+      (`frozen_yes`) fell beyond noise: the self-judge likes what the base model does not.
+    - invalid: the share of samples the validity check rejects (`invalid_share`) rose beyond noise
+      over the first iteration that measured it: the policy learning to restate or miscalculate.
+
     A value without its standard error is never tested (metrics of older runs).
     """
     alarms: list[str] = []
@@ -214,6 +223,33 @@ def reward_hacking_alarm(history: Sequence[dict], *, z: float = 2.0) -> list[str
             last = (i, *got)
     policy = [_with_se(row, "sample_accuracy", "sample_accuracy_se") for row in history]
     heldout = [_with_se(row, "accuracy", "accuracy_se") for row in history]
+    base = heldout[0] if history and _label(history[0], 0) == "it0" else None
+    for i, row in enumerate(history[1:], 1):
+        hi, gain = _value(row.get("accuracy_gain_hi")), _value(row.get("accuracy_gain"))
+        if hi is not None and gain is not None:
+            if hi < 0:
+                alarms.append(f"{labels[i]}: held-out accuracy fell {gain:+.3f} below it0's, paired 95% interval "
+                              f"[{_value(row.get('accuracy_gain_lo')):+.3f}, {hi:+.3f}] (policy degrading)")
+        elif base is not None and heldout[i] is not None:
+            bound = z * math.hypot(base[1], heldout[i][1])
+            if base[0] - heldout[i][0] > bound:
+                alarms.append(f"{labels[i]}: held-out accuracy fell {_fmt(base[0], heldout[i][0])} below it0's "
+                              f"({heldout[i][0] - base[0]:+.3f}, beyond {z:g} s.e. of the difference = "
+                              f"{bound:.3f}) (policy degrading)")
+    frozen = [(i, got) for i, row in enumerate(history) if (got := _with_se(row, "frozen_yes", "frozen_yes_se"))]
+    for (h, (a, a_se)), (i, (b, b_se)) in zip(frozen, frozen[1:]):
+        bound = z * math.hypot(a_se, b_se)
+        if rewards[h] is not None and rewards[i] is not None and rewards[i] > rewards[h] and a - b > bound:
+            alarms.append(f"{labels[i]}: reward_mean rose {_fmt(rewards[h], rewards[i])} while the frozen judge's "
+                          f"P(Yes) fell {_fmt(a, b)} ({b - a:+.3f}, beyond {z:g} s.e. of the difference = "
+                          f"{bound:.3f}) (self-judge drifting from the frozen one?)")
+    invalid = [(i, got) for i, row in enumerate(history) if (got := _with_se(row, "invalid_share", "invalid_share_se"))]
+    for i, (b, b_se) in invalid[1:]:
+        h, (a, a_se) = invalid[0]
+        bound = z * math.hypot(a_se, b_se)
+        if b - a > bound:
+            alarms.append(f"{labels[i]}: invalid_share rose {_fmt(a, b)} since {labels[h]} (+{b - a:.3f}, beyond "
+                          f"{z:g} s.e. of the difference = {bound:.3f}) (restating or miscalculating?)")
 
     def beyond(series: list, h: int, i: int) -> float | None:
         """series[i] - series[h] in units of z s.e. of the difference (> 1: a rise beyond noise)."""
