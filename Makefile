@@ -68,7 +68,7 @@ SMOL_V1 := $(SMOL_MODEL) -S task.heldout_size=48 -S task.ttt_size=32 \
 	-S evaluate.k=4 -S evaluate.temperature=0.3 -S evaluate.max_new_tokens=48 -S evaluate.batch_size=256
 SMOL_V2 := $(SMOL_MODEL) -S task.max_number=30 -S task.heldout_size=512 -S task.ttt_size=128 \
 	-S evolve.strategy=fixed -S evolve.fresh=8 -S evolve.rewrites=1 \
-	-S sample.k=8 -S sample.temperature=$(or $(TEMP),1.0) -S sample.max_new_tokens=128 -S sample.batch_size=256 \
+	-S sample.k=8 -S sample.temperature=$(or $(TEMP),0.3) -S sample.max_new_tokens=128 -S sample.batch_size=256 \
 	-S judge.mode=yes_logprob $(SMOL_TRAIN) \
 	-S evaluate.k=0 -S evaluate.max_new_tokens=128 -S evaluate.batch_size=256
 SMOL_RECIPE = $(SMOL_$(RECIPE))

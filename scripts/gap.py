@@ -27,6 +27,7 @@ from stages.lib.cli import derive_seed
 from stages.lib.config import FrozenJudge, JudgeConfig, PairsConfig, load_params, parse_params
 from stages.lib.generation import SamplingSpec
 from stages.lib.judges import REGISTRY, JudgeContext, ModelHandle, judge_quality, judge_samples, template_path
+from stages.lib.validity import REASONS, invalid_reason
 from stages.pairs import build
 from stages.lib.models import load_model, set_threads
 from stages.lib.rubric import load_template
@@ -90,6 +91,14 @@ def main(argv: list[str] | None = None) -> None:
         "extract_failure_rate": float(held["pred"].isna().mean()), "truncated_share": float(held["cut"].mean()),
         "by_category": {c: {"accuracy": float(g["right"].mean()), "n": len(g)}
                         for c, g in held.groupby("category")},
+    }
+    question = getattr(task, "question", lambda prompt: prompt)
+    reasons = [invalid_reason(question(q), r[0], p) for q, r, p in zip(held["prompt"], res, preds)]
+    n_right = max(1, int(held["right"].sum()))
+    result["greedy"]["validity"] = {  # the validity check on it0's greedy answers, with the gold beside it
+        "invalid_share": sum(x is not None for x in reasons) / len(reasons),
+        "by_reason": {k: sum(x == k for x in reasons) / len(reasons) for k in REASONS},
+        "right_rejected": sum(x is not None and bool(ok) for x, ok in zip(reasons, held["right"])) / n_right,
     }
     if args.greedy_only:
         print(json.dumps({k: result[k] for k in ("greedy", "lengths") if k in result}, indent=1))
@@ -199,6 +208,9 @@ def diagnose(judged: pd.DataFrame, cfg: JudgeConfig, pcfg: PairsConfig, verdict:
            "pair_coverage": pairs["prompt_id"].nunique() / prompts if prompts else None,
            "pair_precision": float(precise.mean()) if len(pairs) else None,
            "invalid_share": float((judged["valid"] == False).mean()) if judged["valid"].notna().any() else None}  # noqa: E712
+    if judged["valid"].notna().any():
+        right = judged["correct"].astype(float) >= 0.5
+        out["right_rejected"] = float((judged.loc[right, "valid"] == False).mean()) if right.any() else None  # noqa: E712
     if q["label_accuracy"] is None and verdict:
         said_right = judged[judged["reward"].astype(float) >= 0.5].dropna(subset=["correct"])
         out["label_precision"] = float((said_right["correct"] >= 0.5).mean()) if len(said_right) else None
@@ -251,6 +263,11 @@ def table(r: dict) -> str:
     lines = [f"it0 greedy accuracy {g['accuracy']:.3f} on {g['n']} held-out problems "
              f"(answers unreadable {g['extract_failure_rate']:.3f}, cut {g['truncated_share']:.3f}); by category: "
              + ", ".join(f"{c} {v['accuracy']:.2f} (n {v['n']})" for c, v in g["by_category"].items()), ""]
+    if "validity" in g:
+        v = g["validity"]
+        lines += [f"The validity check on these greedy answers: {v['invalid_share']:.3f} invalid ("
+                  + ", ".join(f"{k} {x:.3f}" for k, x in v["by_reason"].items())
+                  + f"); right answers rejected: {v['right_rejected']:.3f}", ""]
     for temperature, judges in r["judges"].items():
         s = r["samples"][temperature]
         lines += [f"### temperature {temperature}: {s['n']} samples (k {s['k']}) over {s['prompts']} prompts, "
@@ -258,8 +275,8 @@ def table(r: dict) -> str:
                   f"unanimous prompts {s['unanimous_share']:.2f}, unreadable {s['extract_failure_rate']:.3f}, "
                   f"cut {s['truncated_share']:.3f}", "",
                   "| rule | label precision | label coverage | pair precision | pair coverage | pairs | "
-                  "judge AUC | invalid share | aim met | seconds |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "judge AUC | invalid share | right answers rejected | aim met | seconds |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for name, q in judges.items():
             met = (q["pair_precision"] is not None and q["pair_precision"] >= 0.65
                    and (q["pair_coverage"] or 0) >= 0.25)
@@ -268,7 +285,8 @@ def table(r: dict) -> str:
                 precision += f" ({_f(q['pair_precision_weighted'])} weighted)"
             lines.append(f"| {name} | {_f(q['label_precision'])} | {_f(q['label_coverage'])} | {precision} | "
                          f"{_f(q['pair_coverage'])} | {q['pairs']} | {_f(q['judge_auc'])} | "
-                         f"{_f(q['invalid_share'])} | {'yes' if met else ''} | {q['seconds']} |")
+                         f"{_f(q['invalid_share'])} | {_f(q.get('right_rejected'))} | {'yes' if met else ''} | "
+                         f"{q['seconds']} |")
         lines.append("")
     return "\n".join(lines)
 
