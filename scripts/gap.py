@@ -1,15 +1,20 @@
-"""The generation-verification gap of each self-judge on the base model's own samples.
+"""Every judge and label-free rule diagnosed on the base model's own samples, before any loop.
 
+    make gap-smollm2       # the recipe's sizes, temperatures 0.3 / 0.7 / 1.0 -> reports/gap_smollm2.*
+    make lengths-smollm2   # step 1 only, at 48..256 new tokens -> reports/lengths_smollm2.*
     python -m scripts.gap -S model.base=models/smollm2-135m-instruct -S task.name=word_math \\
-        --judges co_reward majority_vote llm_judge:yes_logprob llm_judge:score_logprob self_certainty verifier \\
-        --out reports/gap_smollm2.json
+        --judges verifier majority_vote scpo+validity --temperatures 0.3 1.0 --out reports/gap.json
 
-With params.yaml and the -S overrides (as `dvc exp run -S` takes them): the task's held-out set
-answered greedily by it0 (accuracy per category: where the task's difficulty sits), then it1's prompts
-(the task's proposal, rewrites included) sampled `sample.k` times by it0, and every judge named run on
-the same samples. A judge has a gap when its verdicts are better than the samples it judges: label
-accuracy above sample accuracy (vote judges), or an AUC above 0.5 against the verifier. Writes the
-figures as JSON and a Markdown table beside it; nothing in data/ is touched.
+With params.yaml and the -S overrides (as `dvc exp run -S` takes them): 1. the task's held-out set
+answered greedily by it0 (accuracy per category: where the task's difficulty sits; with --lengths,
+accuracy and cut share at each length; the validity check on those answers with the gold beside
+it); 2. it1's prompts (the task's proposal, rewrites included) sampled `sample.k` times by it0 at
+each temperature, and every rule of RULES run on the same samples: label precision (labels that are
+right), coverage (prompts with a label, prompts with a pair), pair precision (chosen right and
+rejected wrong), judge AUC, the share the validity check rejects and the right answers among them.
+Judges that run a model (and the frozen judge, which at it0 is the policy) run at
+`sample.temperature` only. Writes the figures as JSON and a Markdown table beside it; nothing in
+data/ is touched.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import yaml
 
 from stages.lib import artifacts as art
 from stages.lib.cli import derive_seed
-from stages.lib.config import FrozenJudge, JudgeConfig, PairsConfig, load_params, parse_params
+from stages.lib.config import FrozenJudge, JudgeConfig, JudgeMethod, JudgeMode, PairsConfig, load_params, parse_params
 from stages.lib.generation import SamplingSpec
 from stages.lib.judges import REGISTRY, JudgeContext, ModelHandle, judge_quality, judge_samples, template_path
 from stages.lib.validity import REASONS, invalid_reason
@@ -138,6 +143,9 @@ def main(argv: list[str] | None = None) -> None:
             judged = judge_samples(samples, cfg, ctx)
             q = diagnose(judged, cfg, pcfg, judge.verdict, task.verify, derive_seed(params.seed, "pairs", "it1"))
             q["seconds"] = round(time.perf_counter() - t, 1)
+            if cfg.method == JudgeMethod.llm_judge and cfg.mode == JudgeMode.yes_logprob:
+                # at it0 the frozen judge is the policy itself: its P(Yes) on these samples is this one
+                ctx._scores.setdefault("frozen_yes", [None if pd.isna(x) else float(x) for x in judged["reward"]])
             result["judges"][str(temperature)][name] = q
             print(temperature, name, json.dumps(q))
     result["seconds"] = round(time.perf_counter() - t0, 1)
@@ -246,6 +254,11 @@ def lengths_table(r: dict) -> str:
              f"by category at the longest length: "
              + ", ".join(f"{c} {v['accuracy']:.3f} (n {v['n']})" for c, v in g["by_category"].items()), "",
              "| new tokens | accuracy | s.e. | answers cut | mean tokens |", "|---|---|---|---|---|"]
+    if "validity" in g:
+        v = g["validity"]
+        lines[1:1] = ["", f"The validity check on the answers at the longest length: {v['invalid_share']:.3f} invalid ("
+                      + ", ".join(f"{k} {x:.3f}" for k, x in v["by_reason"].items())
+                      + f"); right answers rejected: {v['right_rejected']:.3f}"]
     for length, v in sorted(r["lengths"].items(), key=lambda kv: int(kv[0])):
         se = (v["accuracy"] * (1 - v["accuracy"]) / v["n"]) ** 0.5
         lines.append(f"| {length} | {v['accuracy']:.3f} | {se:.3f} | {v['truncated_share']:.3f} | {v['mean_tokens']:.1f} |")
