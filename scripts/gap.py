@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         for name in args.judges:
             cfg, pcfg = rule(name, params)
             judge = REGISTRY[cfg.method]
-            if not model_based and (judge.needs_policy or cfg.frozen != FrozenJudge.off):
+            if not model_based and (judge.needs_policy or cfg.frozen != FrozenJudge.none):
                 continue  # the model-based judges: at sample.temperature only
             ctx.template = (load_template(template_path(params.model_copy(update={"judge": cfg})))
                             if judge.needs_template else None)

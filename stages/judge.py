@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
         cfg = params.judge
         judge = REGISTRY[cfg.method]
         consistency = params.train.algorithm == Algorithm.cream
-        frozen = cfg.frozen != FrozenJudge.off
+        frozen = cfg.frozen != FrozenJudge.none
         template = frozen_template = None
         if judge.needs_template:
             try:

@@ -54,3 +54,19 @@ def test_bad_yaml_file(tmp_path):
     path.write_text(yaml.safe_dump([1, 2]))
     with pytest.raises(ConfigError, match="expected a mapping"):
         load_params(path)
+
+
+def test_every_enum_value_survives_an_unquoted_yaml_rewrite():
+    """dvc exp run -S rewrites params.yaml and drops quotes: a value YAML reads as a bool or null
+    (off, on, yes, no, none...) would come back as another type and fail validation."""
+    import enum
+
+    import yaml
+
+    from stages.lib import config
+
+    enums = [e for e in vars(config).values() if isinstance(e, type) and issubclass(e, enum.Enum) and e is not enum.Enum]
+    assert enums
+    for e in enums:
+        for member in e:
+            assert yaml.safe_load(f"k: {member.value}")["k"] == member.value, f"{e.__name__}.{member.name}"

@@ -283,7 +283,7 @@ class CrossView(str, enum.Enum):
 
 
 class FrozenJudge(str, enum.Enum):
-    off = "off"
+    none = "none"  # not "off": YAML 1.1 reads an unquoted off as false, and dvc exp run -S rewrites params.yaml unquoted
     yes_logprob = "yes_logprob"  # it0 (adapters off) weighs each answer's votes by its mean P(Yes)
 
 
@@ -319,7 +319,7 @@ class JudgeConfig(_Section):
         "false calculation do not vote, get the lowest reward and are preferred as rejected",
     )
     frozen: FrozenJudge = Field(
-        FrozenJudge.off, description="vote judges: the base model, frozen, weighs each answer's vote share by "
+        FrozenJudge.none, description="vote judges: the base model, frozen, weighs each answer's vote share by "
         "its mean P(Yes) for `correct_template` (label score = vote share x frozen P(Yes))",
     )
     template: str = Field(
@@ -335,7 +335,7 @@ class JudgeConfig(_Section):
     @model_validator(mode="after")
     def _vote_options(self) -> "JudgeConfig":
         votes = (JudgeMethod.majority_vote, JudgeMethod.co_reward, JudgeMethod.vote_share)
-        if self.frozen != FrozenJudge.off and self.method not in votes:
+        if self.frozen != FrozenJudge.none and self.method not in votes:
             raise ValueError(f"frozen: weighs the votes of a vote judge ({', '.join(m.value for m in votes)}), "
                              f"not {self.method.value}")
         if self.cross_view != CrossView.pooled and self.method != JudgeMethod.co_reward:

@@ -179,7 +179,7 @@ def _vote_by(key: str, share_reward: bool = False) -> Callable[[pd.DataFrame, Ju
     `share_reward` (ScPO) the score of the sample's own answer; no label: no verdict."""
     def judge(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext) -> Verdicts:
         preds = [p if isinstance(p, str) else None for p in samples["pred"]]
-        frozen = ctx.frozen_yes(samples) if cfg.frozen != FrozenJudge.off else None
+        frozen = ctx.frozen_yes(samples) if cfg.frozen != FrozenJudge.none else None
         harmonic = key == "group_id" and cfg.cross_view == CrossView.harmonic
         label = [None] * len(samples)
         reward: list[Optional[float]] = [None] * len(samples)
