@@ -19,7 +19,14 @@ model, the rubric template) and how its rewards read (a verdict in [0, 1], or a 
 - ``self_certainty``: mean over response tokens of KL(Uniform || p) under the policy.
 - ``implicit_reward`` (CREAM / DPO): sum log pi_current(y|x) - sum log pi_reference(y|x), the
   reference being the model before the current one (the base for it1).
+- ``vote_share`` (ScPO): a sample's reward is the share of the prompt's votes its answer got, so the
+  pair is the most-voted answer over the least-voted and the reward margin is the vote margin / k.
 - ``verifier``: ground truth; an oracle baseline and the yardstick for judge quality.
+
+The vote judges take the label-free rules of `judge`: the `min_share` gate (RESTRAIN, ScPO),
+Self-Harmony's cross-view label for co_reward (`cross_view: harmonic`), the validity check
+(`validity`, stages/lib/validity.py: invalid responses do not vote and get the lowest reward) and a
+frozen judge (`frozen`: the base model's P(Yes) weighs each answer's votes).
 
 CREAM's consistency (when asked for): per prompt, Kendall tau between the ranking of its samples
 by this judge and by the previous iteration's model (the reference, scoring each sample by its
@@ -120,19 +127,6 @@ def template_path(params, key: str | None = None) -> Path:
     return path
 
 
-def vote_label(preds: list[str | None], min_share: float) -> str | None:
-    """Plurality answer of `preds` if it is unique and has at least `min_share` of all votes."""
-    counts = Counter(p for p in preds if p is not None)
-    if not counts:
-        return None
-    (top, n_top), *rest = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-    if rest and rest[0][1] == n_top:
-        return None  # a tie has no majority
-    if n_top / len(preds) < min_share:
-        return None
-    return top
-
-
 def answer_scores(preds: list[str | None]) -> dict[str, float]:
     """Each answer's vote share over all `preds` (a sample without an answer counts, voting for none)."""
     counts = Counter(p for p in preds if p is not None)
@@ -170,6 +164,11 @@ def top_answer(scores: dict[str, float], gate: float, gate_scores: dict[str, flo
     if (gate_scores if gate_scores is not None else scores).get(top, 0.0) < gate:
         return None
     return top
+
+
+def vote_label(preds: list[str | None], min_share: float) -> str | None:
+    """Plurality answer of `preds` if it is unique and has at least `min_share` of all votes."""
+    return top_answer(answer_scores(preds), min_share)
 
 
 def _vote_by(key: str, share_reward: bool = False) -> Callable[[pd.DataFrame, JudgeConfig, JudgeContext], Verdicts]:
