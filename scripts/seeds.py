@@ -39,7 +39,11 @@ OUT = ROOT / "reports" / "seeds"
 KEYS = ("accuracy", "accuracy_se", "ttt_accuracy", "ttt_accuracy_se", "maj_accuracy", "sample_accuracy",
         "sample_accuracy_se", "judge_auc", "judge_auc_se", "judge_accuracy", "judge_accuracy_se",
         "label_accuracy", "reward_mean", "truncated_share", "eval_truncated_share", "extract_failure_rate",
-        "num_pairs", "heldout_n", "ttt_n")
+        "num_pairs", "heldout_n", "ttt_n", "accuracy_gain", "accuracy_gain_lo", "accuracy_gain_hi", "ttt_accuracy_gain",
+        "ttt_accuracy_gain_lo", "ttt_accuracy_gain_hi", "invalid_share", "invalid_share_se", "frozen_yes", "vote_share",
+        "distinct_answers", "cross_view_agreement", "lf_n", "lf_distinct",
+        *(f"{s}{x}" for s in ("lf_agreement", "lf_invalid_share", "lf_frozen_yes")
+          for x in ("", "_se", "_gain", "_gain_lo", "_gain_hi")))
 
 
 def iterations(root: Path = ROOT) -> list[str]:

@@ -13,21 +13,24 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import random
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from .lib import artifacts as art
+from .lib import choice
 from .lib.cli import derive_seed, run_stage, stage_provenance
 from .lib.backends import HFSampler, Sampler, open_sampler
-from .lib.config import ConfigError, EvaluateConfig, JudgeConfig, JudgeMethod, JudgeMode, Params
+from .lib.config import ConfigError, EvaluateConfig, FrozenJudge, JudgeConfig, JudgeMethod, JudgeMode, Params
 from .lib.generation import SamplingSpec, generate
 from .lib.judges import REGISTRY, JudgeContext, ModelHandle, judge_quality, template_path, vote_label
 from .lib.models import load_model, set_threads
 from .lib.quality import auc_se, binomial_se, cluster_se, paired_gain, win_rate
 from .lib.rubric import load_template
 from .lib.tasks import Task, task_for
+from .lib.validity import invalid_reason
 
 
 EXAMPLES = 3  # best and worst judged samples kept per iteration
@@ -85,16 +88,30 @@ def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cf
     out: dict[str, float] = {}
     cut: list[bool] = []
     failed: list[bool] = []
-    for (name, set_name, size), df in zip(SETS, (heldout, ttt)):
+    question = getattr(task, "question", lambda prompt: prompt)
+
+    def valid(prompt: str, response: str, pred: str | None) -> bool | None:
+        if pred is None or task.open_ended:
+            return None
+        return invalid_reason(question(prompt), response, pred) is None
+
+    sets = [(*s, df) for s, df in zip(SETS, (heldout, ttt))]
+    if answers is not None:  # the label-free signals' second wording of each test-time problem
+        sets.append((None, choice.VIEW_SET, None, rewritten(task, ttt, seed)))
+    for name, set_name, size, df in sets:
         if df.empty:
             continue
-        res = sampler.generate(list(df["prompt"]), greedy, seed, desc=name, progress=progress)
+        res = sampler.generate(list(df["prompt"]), greedy, seed, desc=name or set_name, progress=progress)
         preds = [task.extract(r[0]).answer for r in res]
-        out[name] = accuracy(preds, list(df["answer"]), task)
         if answers is not None:
             answers += [{"set": set_name, "prompt_id": pid, "answer": gold, "response": r[0], "pred": pred,
-                         "correct": float(task.verify(pred, gold)), "truncated": t[0]}
-                        for pid, gold, r, pred, t in zip(df["prompt_id"], df["answer"], res, preds, res.truncated)]
+                         "correct": float(task.verify(pred, gold)), "truncated": t[0],
+                         "valid": valid(prompt, r[0], pred)}
+                        for pid, prompt, gold, r, pred, t in zip(df["prompt_id"], df["prompt"], df["answer"], res,
+                                                                 preds, res.truncated)]
+        if name is None:
+            continue
+        out[name] = accuracy(preds, list(df["answer"]), task)
         out[f"{name}_se"] = binomial_se(out[name], len(df))  # one greedy answer per problem
         out[size] = len(df)
         cut += [t[0] for t in res.truncated]
@@ -109,6 +126,46 @@ def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cf
     out["maj_accuracy"] = accuracy(votes, list(heldout["answer"]), task)
     out["maj_accuracy_se"] = binomial_se(out["maj_accuracy"], len(heldout))
     return out
+
+
+def rewritten(task: Task, ttt: pd.DataFrame, seed: int) -> pd.DataFrame:
+    """One equivalent rewrite of each test-time problem, the same at every iteration (seeded by the
+    run's seed, not the iteration), its prompt_id the problem's; none for a task without rewrites
+    (files, open prompts) or a prompt it cannot parse."""
+    if ttt.empty or not hasattr(task, "rewrites") or not hasattr(task, "parse"):
+        return ttt.iloc[:0]
+    rng = random.Random(f"{seed}-views")
+    rows = []
+    for row in ttt.to_dict("records"):
+        try:
+            problem = task.parse(row["prompt"])
+        except ValueError:
+            continue
+        views = task.rewrites(problem, 1, rng, set())
+        if views:
+            rows.append({**row, "prompt": views[0].prompt})
+    return pd.DataFrame(rows, columns=ttt.columns)
+
+
+def frozen_yes(answers: pd.DataFrame, ttt: pd.DataFrame, params: Params, base: str) -> pd.DataFrame:
+    """judge.frozen: the base model's (adapters off) P(Yes) for each test-time greedy answer."""
+    from .lib.models import load_model
+
+    try:
+        template = load_template(template_path(params, "correct_template"))
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"judge.correct_template: {err}") from None
+    rows = answers["set"] == "ttt"
+    prompts = ttt.set_index("prompt_id")["prompt"]
+    frame = pd.DataFrame({"prompt": list(prompts.loc[answers.loc[rows, "prompt_id"]]),
+                          "response": list(answers.loc[rows, "response"])})
+    ctx = JudgeContext(frozen=ModelHandle(*load_model(base, security=params.security, model_cfg=params.model)),
+                       frozen_template=template, batch_size=params.sample.batch_size,
+                       max_tokens=params.sample.score_tokens, max_length=params.model.max_length)
+    answers = answers.copy()
+    answers["frozen_yes"] = pd.array([None] * len(answers), dtype="Float64")
+    answers.loc[rows, "frozen_yes"] = pd.array(ctx.frozen_yes(frame), dtype="Float64")
+    return answers
 
 
 def gains(base: pd.DataFrame, new: pd.DataFrame) -> dict[str, float]:
@@ -242,8 +299,12 @@ def main(argv: list[str] | None = None) -> None:
                                      task, answers=answers))
         answers_df = pd.DataFrame(answers, columns=[f.name for f in art.EVAL if f.name != "iteration"])
         answers_df.insert(0, "iteration", args.iteration)
-        if args.base_eval:
-            metrics.update(gains(art.read_table(args.base_eval, art.EVAL), answers_df))
+        if params.judge.frozen != FrozenJudge.none and not ttt.empty:
+            answers_df = frozen_yes(answers_df, ttt, params, args.base or args.model)
+        base_eval = art.read_table(args.base_eval, art.EVAL) if args.base_eval else None
+        if base_eval is not None:
+            metrics.update(gains(base_eval, answers_df))
+        metrics.update(choice.signals(answers_df, base_eval))
         if args.prev_model and task.open_ended:  # open prompts: the new model against the old
             load = dict(security=params.security, base=args.base, model_cfg=params.model)
             new = ModelHandle(sampler.model, sampler.tokenizer) if isinstance(sampler, HFSampler) else \

@@ -6,11 +6,13 @@ plain safetensors weights with the tokenizer (and its chat template) and the gen
 which transformers, vLLM or any HF tool loads without this project:
 
     python -m stages.export --iteration it2 --out exported/it2
+    python -m stages.export --iteration recommended --out exported/best   # chosen without labels
     python -m stages.export --model data/it2/model --base data/it0/model --out exported/it2
 
 `--iteration` reads the model and base paths from dvc.yaml (the train stage's `--out` and the
-prepare stage's `--model`), so they are written in one place. Not a DVC stage: run it when you
-need the weights.
+prepare stage's `--model`), so they are written in one place. `--iteration recommended` takes
+the iteration the report recommends from label-free signals only (stages/lib/choice.py), read
+from the evaluate stages' reports/iterations/. Not a DVC stage: run it when you need the weights.
 """
 
 from __future__ import annotations
@@ -46,7 +48,10 @@ def dvc_paths(iteration: str, dvc_yaml: str | Path = "dvc.yaml") -> tuple[str, s
 
 
 def _args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--iteration", help="itN: take --model and --base from dvc.yaml")
+    p.add_argument("--iteration", help="itN: take --model and --base from dvc.yaml; recommended: the "
+                   "iteration chosen without labels from --iterations")
+    p.add_argument("--iterations", default="reports/iterations",
+                   help="in: the evaluate stages' <it>/metrics.json, for --iteration recommended")
     p.add_argument("--model", help="in: a model directory of the pipeline (full, base record or adapter chain)")
     p.add_argument("--base", help="in: the base model (it0) that an adapter chain applies to")
     p.add_argument("--out", required=True, help="out: the standalone model directory")
@@ -56,6 +61,13 @@ def main(argv: list[str] | None = None) -> None:
     def body(args: argparse.Namespace, params: Params) -> None:
         from .lib.models import export_merged, set_threads
 
+        if args.iteration == "recommended":
+            from .lib.choice import recommend
+            from .report import history, load_iterations
+
+            rec = recommend(history(load_iterations(args.iterations, params)[0]))
+            print(f"recommended without labels: {rec['iteration']} ({rec['reason']})")
+            args.iteration = rec["iteration"]
         if args.iteration:
             if args.iteration != "it0":
                 params.iteration_index(args.iteration)

@@ -22,6 +22,7 @@ from .lib import artifacts as art
 from .lib.cli import note_timing, run_stage
 from .lib.config import ConfigError, Params, flatten
 from .lib.errors import PipelineError
+from .lib.choice import recommend
 from .lib.quality import JUDGE_KEYS, POLICY_KEYS, reward_hacking_alarm
 from .lib.tracking import IterationRecord, LoopRecord, NoOpTracker, make_tracker
 
@@ -108,6 +109,43 @@ def examples_markdown(per_iteration: dict[str, pd.DataFrame]) -> list[str]:
     return lines
 
 
+def history(df: pd.DataFrame) -> list[dict]:
+    """The per-iteration metrics as dicts, missing values as None."""
+    return [{k: (None if pd.isna(v) else v) for k, v in r.items()} for r in df.to_dict("records")]
+
+
+def choice_markdown(df: pd.DataFrame) -> list[str]:
+    """The iteration recommended without labels (choice.py), its signals per iteration, and held-out
+    accuracy beside it (the truth the rule never reads)."""
+    rows = history(df)
+    rec = recommend(rows)
+
+    def gain(r: dict, name: str) -> str:
+        if r.get(f"{name}_gain") is None:
+            return _fmt(r.get(name))
+        return f"{_fmt(r.get(name))} ({r[f'{name}_gain']:+.3f} [{r[f'{name}_gain_lo']:+.3f}, {r[f'{name}_gain_hi']:+.3f}])"
+
+    best = max((r for r in rows if r.get("accuracy") is not None), key=lambda r: r["accuracy"], default=None)
+    lines = ["## Choosing the iteration without labels", "",
+             f"**Recommended: {rec['iteration']}** ({rec['reason']}). `python -m stages.export --iteration "
+             "recommended --out DIR` exports it. Signals on the test-time prompts, never their answers: "
+             "cross-view agreement of the model's greedy answers (posed wording and a rewrite), the share "
+             "the validity check rejects, distinct answers per problem, the frozen judge's P(Yes); each "
+             "with its paired gain from it0 [95%].", "",
+             "| iteration | agreement | invalid share | distinct | frozen P(Yes) | candidate | vetoes | held-out acc |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        it = r["iteration"]
+        row = rec["rows"].get(it, {})
+        lines.append(f"| {it} | {gain(r, 'lf_agreement')} | {gain(r, 'lf_invalid_share')} | {_fmt(r.get('lf_distinct'))} | "
+                     f"{gain(r, 'lf_frozen_yes')} | {'yes' if row.get('candidate') else ''} | "
+                     f"{'; '.join(row.get('vetoes', []))} | {_fmt(r.get('accuracy'))} |")
+    if best is not None:
+        lines += ["", f"Best held-out iteration (the truth, not read by the rule): {best['iteration']} "
+                      f"({best['accuracy']:.3f})."]
+    return lines + [""]
+
+
 def summary_markdown(df: pd.DataFrame, params: Params, figures: list[str],
                      per_iteration: dict[str, pd.DataFrame] | None = None,
                      alarm: list[str] | None = None) -> str:
@@ -151,7 +189,7 @@ def summary_markdown(df: pd.DataFrame, params: Params, figures: list[str],
                          for _, r in df.iloc[1:].iterrows())
         lines.append("- win rate against the previous model, judged by the new one (prompts with both "
                      f"answers scored): {wins}")
-    lines += [""] + [f"![{f}]({f})" for f in figures] + [""]
+    lines += [""] + choice_markdown(df) + [f"![{f}]({f})" for f in figures] + [""]
     if per_iteration:
         lines += examples_markdown(per_iteration)
     return "\n".join(lines)
@@ -248,6 +286,7 @@ def main(argv: list[str] | None = None) -> None:
         started = time.perf_counter()
         name, tags = run_identity()
         tags["reward_hacking_alarm"] = "; ".join(alarm) if alarm else "quiet"
+        tags["recommended_iteration"] = recommend(history(df))["iteration"]
         fired = {a.split(":", 1)[0] for a in alarm}
         records = []
         for row in df.to_dict("records"):

@@ -213,6 +213,12 @@ def test_a_loop_with_the_label_free_rules_on_a_chat_model(tmp_path_factory, bpe_
         m = art.read_json(work / f"reports/iterations/{it}/metrics.json")
         assert m["invalid_share"] == pytest.approx(float((~judged["valid"].astype(bool)).mean()))
         assert "maj_accuracy" not in m and "accuracy" in m
+        # the iteration chosen without labels: the frozen judge scores each model's test-time answers
+        answers = art.read_table(work / f"data/{it}/eval.parquet", art.EVAL)
+        ttt = answers[answers["set"] == "ttt"]
+        assert ttt["frozen_yes"].notna().any() and answers.loc[answers["set"] != "ttt", "frozen_yes"].isna().all()
+        assert m["lf_frozen_yes"] == pytest.approx(float(ttt["frozen_yes"].dropna().mean()))  # too long for the context: unjudged
+        assert m["lf_frozen_yes_gain_lo"] <= m["lf_frozen_yes_gain"] <= m["lf_frozen_yes_gain_hi"]
     assert n_pairs > 0
 
 

@@ -53,7 +53,13 @@ def test_whole_loop_in_process(tmp_path, tiny_params_file, monkeypatch, capsys):
                 assert m[f"{key}_gain"] == pytest.approx(m[key] - m0[key])
                 assert m[f"{key}_gain_lo"] <= m[f"{key}_gain"] <= m[f"{key}_gain_hi"]
         answers = art.read_table(tmp_path / "data" / it / "eval.parquet", art.EVAL)
+        views = answers[answers["set"] == "ttt_view"]
+        answers = answers[answers["set"] != "ttt_view"]
         assert len(answers) == 60 and answers["correct"].mean() == pytest.approx((m["accuracy"] + m["ttt_accuracy"]) / 2)
+        # the label-free signals: each test-time problem in a second wording, the validity check
+        assert len(views) >= 24 and set(views["prompt_id"]) <= set(answers.loc[answers["set"] == "ttt", "prompt_id"])
+        assert 0 <= m["lf_agreement"] <= 1 and 0 <= m["lf_invalid_share"] <= 1 and m["lf_n"] == 30
+        assert (it == "it0") == ("lf_agreement_gain" not in m)
         # it0 holds the tiny model's weights; with LoRA each iteration holds adapters, not a copy
         model_file = "model.safetensors" if it == "it0" else "chain.json"
         assert (tmp_path / "data" / it / "model" / model_file).is_file()
@@ -67,6 +73,7 @@ def test_whole_loop_in_process(tmp_path, tiny_params_file, monkeypatch, capsys):
     assert prov["stage"] == "judge" and prov["params"]["judge"]["method"] == "co_reward"
     summary = (tmp_path / "reports/summary.md").read_text()
     assert "| it3 |" in summary
+    assert "## Choosing the iteration without labels" in summary and "**Recommended: it" in summary
     # the report's examples and category mix come from each evaluate stage's files
     judged = art.read_table(tmp_path / "data/it3/judgments.parquet", art.JUDGMENTS).dropna(subset=["reward"])
     ex = art.read_json(tmp_path / "reports/iterations/it3/examples.json")

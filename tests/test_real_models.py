@@ -206,6 +206,23 @@ def test_adapter_chain_equals_the_merged_export(pretrained_loop, tmp_path, monke
     assert size < sum(f.stat().st_size for f in (tmp_path / "it2").glob("*.safetensors"))
 
 
+def test_export_recommended_takes_the_iteration_the_report_recommends(pretrained_loop, tmp_path, monkeypatch, capsys):
+    from stages.lib.choice import recommend
+    from stages.report import history, load_iterations
+
+    work, params, _ = pretrained_loop
+    shutil.copy(ROOT / "dvc.yaml", work / "dvc.yaml")
+    monkeypatch.chdir(work)
+    from stages.lib.config import load_params
+
+    rec = recommend(history(load_iterations(work / "reports/iterations", load_params(params))[0]))
+    assert f"**Recommended: {rec['iteration']}**" in (work / "reports/summary.md").read_text()
+    export.main(["--iteration", "recommended", "--out", str(tmp_path / "rec"), "--params", str(params)])
+    assert f"recommended without labels: {rec['iteration']}" in capsys.readouterr().out
+    prov = json.loads((tmp_path / "rec" / "provenance.json").read_text())
+    assert prov["iteration"] == rec["iteration"]
+
+
 def test_lora_leaves_base_weights_and_trains_the_adapter(bpe_model_dir):
     model, tok = load_model(bpe_model_dir, device="cpu")
     base = {k: v.clone() for k, v in model.state_dict().items()}

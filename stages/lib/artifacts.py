@@ -100,13 +100,15 @@ SFT = pa.schema(
 EVAL = pa.schema(  # evaluate: each problem's greedy answer, so two iterations compare problem by problem
     [
         ("iteration", pa.string()),
-        ("set", pa.string()),  # heldout | ttt
+        ("set", pa.string()),  # heldout | ttt | ttt_view (a rewrite of each test-time problem)
         ("prompt_id", pa.string()),
         ("answer", pa.string()),
         ("response", pa.string()),
         ("pred", pa.string()),
         ("correct", pa.float64()),  # 1 / 0 by the task's verify
         ("truncated", pa.bool_()),
+        ("valid", pa.bool_()),  # the validity check (no gold read); null: no answer, or an open task
+        ("frozen_yes", pa.float64()),  # judge.frozen: the base model's P(Yes) for the answer (test-time only)
     ]
 )
 

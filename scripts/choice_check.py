@@ -1,0 +1,78 @@
+"""The label-free choice of an iteration on every kept run: how close to the best held-out one?
+
+    python -m scripts.choice_check --out reports/choice_check.md
+
+Reads every kept result (reports/seeds/<variant>/s<seed>.json, reports/smollm2*/<judge>-s<seed>.json),
+runs `choice.recommend` on its per-iteration metrics (label-free signals only), and sets that beside
+the truth the rule never reads: the best held-out iteration, whether the recommended one is within
+one standard error of it (the best's binomial s.e.), and whether it is below it0 beyond noise (its
+paired 95% interval of the gain from it0 below 0, else 2 s.e. of the difference). Results kept
+before evaluate recorded the signals have none: the rule keeps it0 on them, and the counts say so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from scripts.alarm_check import ROOT, history, runs
+from stages.lib.choice import recommend
+
+
+def below_it0(rows: list[dict], it: str) -> bool:
+    base, row = rows[0], next(r for r in rows if r["iteration"] == it)
+    if it == base["iteration"]:
+        return False
+    if row.get("accuracy_gain_hi") is not None:
+        return row["accuracy_gain_hi"] < 0
+    return base["accuracy"] - row["accuracy"] > 2 * math.hypot(base["accuracy_se"], row["accuracy_se"])
+
+
+def check(rows: list[dict]) -> dict:
+    rec = recommend(rows)
+    scored = [r for r in rows if r.get("accuracy") is not None]
+    best = max(scored, key=lambda r: r["accuracy"])
+    chosen = next(r for r in rows if r["iteration"] == rec["iteration"])
+    return {"recommended": rec["iteration"], "reason": rec["reason"], "best": best["iteration"],
+            "within": best["accuracy"] - chosen["accuracy"] <= best["accuracy_se"],
+            "below_it0": below_it0(rows, rec["iteration"]),
+            "signals": rows[0].get("lf_agreement") is not None,
+            "acc": (chosen["accuracy"], best["accuracy"])}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="reports/choice_check.md")
+    args = ap.parse_args(argv)
+    lines = ["| run | signals | recommended | held-out there | best held-out | within 1 s.e. | below it0 beyond noise |",
+             "|---|---|---|---|---|---|---|"]
+    done = []
+    for name, result in runs():
+        rows = history(result)
+        if len(rows) < 2 or rows[0].get("iteration") != "it0" or any(r.get("accuracy_se") is None for r in rows):
+            continue
+        c = check(rows)
+        done.append(c)
+        lines.append(f"| {name} | {'yes' if c['signals'] else 'no'} | {c['recommended']} | {c['acc'][0]:.3f} | "
+                     f"{c['best']} ({c['acc'][1]:.3f}) | {'yes' if c['within'] else 'NO'} | "
+                     f"{'YES' if c['below_it0'] else 'no'} |")
+
+    def counts(cs: list[dict]) -> str:
+        if not cs:
+            return "none"
+        return (f"{sum(c['within'] for c in cs)}/{len(cs)} within one s.e. of the best held-out iteration "
+                f"({100 * sum(c['within'] for c in cs) / len(cs):.0f}%), {sum(c['below_it0'] for c in cs)} below "
+                "it0 beyond noise")
+
+    with_signals = [c for c in done if c["signals"]]
+    head = [f"All kept runs ({len(done)}): {counts(done)}.",
+            f"Runs with the label-free signals recorded ({len(with_signals)}): {counts(with_signals)}.",
+            f"Runs kept before the signals were recorded ({len(done) - len(with_signals)}): the rule keeps it0 "
+            "on them (no signal, do no harm).", ""]
+    text = "\n".join(head + lines) + "\n"
+    (ROOT / args.out).write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

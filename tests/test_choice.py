@@ -1,0 +1,93 @@
+"""Choosing an iteration without labels (stages/lib/choice.py): the signals on known answers, the
+rule on known histories, the rewrites evaluate asks the second wording with."""
+
+import pandas as pd
+import pytest
+
+from stages.evaluate import rewritten
+from stages.lib.choice import VIEW_SET, per_problem, recommend, signals
+from stages.lib.config import TaskConfig
+from stages.lib.tasks import task_for
+
+
+def _eval(preds, views, valid=None, frozen=None):
+    """EVAL rows: test-time problem i answered `preds[i]` as posed and `views[i]` in its rewrite."""
+    n = len(preds)
+    rows = [{"set": "ttt", "prompt_id": f"p{i}", "pred": p, "valid": None if valid is None else valid[i],
+             "frozen_yes": None if frozen is None else frozen[i]} for i, p in enumerate(preds)]
+    rows += [{"set": VIEW_SET, "prompt_id": f"p{i}", "pred": v, "valid": None, "frozen_yes": None}
+             for i, v in enumerate(views) if i < n]
+    rows += [{"set": "heldout", "prompt_id": "h0", "pred": "1", "valid": True, "frozen_yes": None}]
+    return pd.DataFrame(rows)
+
+
+def test_signals_count_agreeing_wordings_invalid_answers_and_distinct_answers():
+    df = _eval(["12", "7", None, "3"], ["12", "8", None, "3"], valid=[True, False, None, True])
+    per = per_problem(df)
+    assert list(per["lf_agreement"]) == [1.0, 0.0, 0.0, 1.0]  # no answer in either wording: no agreement
+    assert list(per["lf_invalid_share"]) == [0.0, 1.0, 1.0, 0.0]  # no answer counts as invalid
+    s = signals(df)
+    assert s["lf_agreement"] == 0.5 and s["lf_invalid_share"] == 0.5
+    assert s["lf_distinct"] == 3 / 4 and s["lf_n"] == 4
+    assert "lf_frozen_yes" not in s and "lf_agreement_gain" not in s
+
+
+def test_signals_gain_is_paired_over_the_same_problems():
+    base = _eval(["1", "2", "3", "4"], ["1", "9", "9", "9"], valid=[True] * 4, frozen=[0.5, 0.5, 0.5, 0.5])
+    new = _eval(["1", "2", "3", "4"], ["1", "2", "3", "9"], valid=[True] * 4, frozen=[0.7, 0.7, 0.7, 0.7])
+    s = signals(new, base)
+    assert s["lf_agreement_gain"] == pytest.approx(0.5)
+    assert s["lf_agreement_gain_lo"] <= 0.5 <= s["lf_agreement_gain_hi"]
+    assert s["lf_frozen_yes"] == pytest.approx(0.7) and s["lf_frozen_yes_gain"] == pytest.approx(0.2)
+    assert s["lf_invalid_share_gain"] == 0.0
+
+
+def test_a_task_without_rewrites_has_no_agreement():
+    df = _eval(["1", "2"], [], valid=[True, True])
+    assert per_problem(df)["lf_agreement"].isna().all()
+    assert "lf_agreement" not in signals(df)
+
+
+def _row(it, agree, lo, invalid_lo=-0.1, distinct=0.5, frozen_hi=None):
+    return {"iteration": it, "lf_agreement": agree, "lf_agreement_gain_lo": lo, "lf_invalid_share_gain_lo": invalid_lo,
+            "lf_distinct": distinct, "lf_frozen_yes_gain_hi": frozen_hi}
+
+
+def test_recommend_takes_the_highest_agreement_that_rose_beyond_noise():
+    h = [{"iteration": "it0", "lf_agreement": 0.4, "lf_distinct": 0.5},
+         _row("it1", 0.5, 0.02), _row("it2", 0.6, 0.1), _row("it3", 0.7, -0.01)]
+    rec = recommend(h)
+    assert rec["iteration"] == "it2"  # it3 agrees more but not beyond noise
+    assert [rec["rows"][it]["candidate"] for it in ("it1", "it2", "it3")] == [True, True, False]
+
+
+def test_recommend_vetoes_invalid_share_up_distinct_halved_frozen_down():
+    base = {"iteration": "it0", "lf_agreement": 0.4, "lf_distinct": 0.5, "lf_invalid_share": 0.2,
+            "lf_frozen_yes": 0.6}
+    h = [base, _row("it1", 0.9, 0.3, invalid_lo=0.05), _row("it2", 0.9, 0.3, distinct=0.2),
+         _row("it3", 0.9, 0.3, frozen_hi=-0.01)]
+    rec = recommend(h)
+    assert rec["iteration"] == "it0" and "no iteration" in rec["reason"]
+    assert "invalid share up" in rec["rows"]["it1"]["vetoes"][0]
+    assert "distinct answers halved" in rec["rows"]["it2"]["vetoes"][0]
+    assert "frozen judge" in rec["rows"]["it3"]["vetoes"][0]
+
+
+def test_recommend_without_signals_keeps_the_base_model():
+    rec = recommend([{"iteration": "it0", "accuracy": 0.2}, {"iteration": "it1", "accuracy": 0.5}])
+    assert rec["iteration"] == "it0" and "no label-free signals" in rec["reason"]
+    with pytest.raises(ValueError):
+        recommend([])
+
+
+@pytest.mark.parametrize("name", ["word_math", "arithmetic"])
+def test_rewritten_asks_each_test_time_problem_once_more_in_other_words(name):
+    task = task_for(TaskConfig(name=name, heldout_size=40, ttt_size=20))
+    ttt = task.sets(0, 10).ttt.head(20)
+    a, b = rewritten(task, ttt, 3), rewritten(task, ttt, 3)
+    assert a.equals(b) and len(a) >= 0.8 * len(ttt)  # the same rewrites at every iteration
+    posed = ttt.set_index("prompt_id")
+    for row in a.itertuples():
+        assert row.prompt != posed.loc[row.prompt_id, "prompt"]
+        assert task.verify(row.answer, posed.loc[row.prompt_id, "answer"])
+        assert task.parse(row.prompt).key == task.parse(posed.loc[row.prompt_id, "prompt"]).key
