@@ -2,7 +2,9 @@
 
 `train.algorithm`: `raft` fine-tunes on the best-judged samples (RAFT / ReST / STaR); `dpo`,
 `ipo`, `spin` and `cream` train on the pairs (the reference being the iteration's starting
-model); `grpo` on the stored groups of samples with their advantages. With LoRA the iteration's
+model); `grpo` on the stored groups of samples with their advantages; `nft` on the same samples
+with 1/0 labels (negative-aware fine-tuning: wrong samples trained through the implicit negative
+policy, not dropped). With LoRA the iteration's
 output is its adapter (beside the earlier iterations' adapters and `chain.json`): the next
 iteration loads the base with every adapter merged in order and trains a fresh one on top. Full
 fine-tuning writes full safetensors weights. Memory is bounded by `train.micro_batch_size`
@@ -34,9 +36,22 @@ from .lib.config import PREFERENCE, Algorithm, Params, TrainConfig
 from .lib.distributed import is_fsdp, make_accelerator, relaunch
 from .lib.generation import chat_format
 from .lib.models import attach_lora, load_model, model_identity, save_adapter_chain, save_model, set_threads
-from .lib.training import Checkpoints, Schedule, steps_for, train_grpo, train_preference, train_sft
+from .lib.training import Checkpoints, Schedule, steps_for, train_grpo, train_nft, train_preference, train_sft
 
 log = logging.getLogger(__name__)
+
+
+def nft_data(groups: pd.DataFrame, threshold: float) -> pd.DataFrame:
+    """NFT's samples: each scored sample's label (1: reward >= threshold and neither truncated nor
+    invalid; else 0) and `rate`, the mean label of its prompt's samples; prompts whose samples all
+    share one label are dropped (they carry no signal, as in the official code's filter)."""
+    if groups.empty:
+        return groups.assign(label=pd.Series(dtype=float), rate=pd.Series(dtype=float))
+    right = (groups["reward"].astype(float) >= threshold) & ~groups["truncated"].fillna(False).astype(bool)
+    right &= groups["valid"].fillna(True).astype(bool)
+    out = groups.assign(label=right.astype(float))
+    out["rate"] = out.groupby("prompt_id")["label"].transform("mean")
+    return out[(out["rate"] > 0) & (out["rate"] < 1)].reset_index(drop=True)
 
 
 def training_size(cfg: TrainConfig, pairs: pd.DataFrame, sft: pd.DataFrame, groups: pd.DataFrame) -> int:
@@ -44,6 +59,8 @@ def training_size(cfg: TrainConfig, pairs: pd.DataFrame, sft: pd.DataFrame, grou
         return len(sft)
     if cfg.algorithm == Algorithm.grpo:
         return len(groups)
+    if cfg.algorithm == Algorithm.nft:
+        return len(nft_data(groups, cfg.nft.threshold))
     return len(pairs)
 
 
@@ -73,6 +90,11 @@ def train(model, tokenizer, pairs: pd.DataFrame, sft: pd.DataFrame, groups: pd.D
         out = train_preference(model, tokenizer, cfg.algorithm, list(pairs["prompt"]), list(pairs["chosen"]),
                                list(pairs["rejected"]), sched, cfg.batch_size, seed, cfg.beta,
                                cfg.nll_weight, cons, cfg.max_grad_norm, weights=weights, **common)
+    elif cfg.algorithm == Algorithm.nft:
+        data = nft_data(groups, cfg.nft.threshold)
+        out = train_nft(model, tokenizer, list(data["prompt"]), list(data["response"]), list(data["label"]),
+                        list(data["rate"]), sched, cfg.batch_size, seed, cfg.nft.eps, cfg.nft.neg_weight,
+                        cfg.nft.omega.value, cfg.max_grad_norm, **common)
     else:
         out = train_grpo(model, tokenizer, list(groups["prompt"]), list(groups["response"]),
                          [float(a) for a in groups["advantage"]], sched, cfg.batch_size, seed,

@@ -222,3 +222,81 @@ def test_grpo_on_policy_is_minus_token_weighted_advantage():
     loss.backward()
     # d/dlogp of -ratio * A at ratio 1 is -A / n_tokens on each unmasked token.
     assert logps.grad.flatten().tolist() == pytest.approx([-0.4 / 5] * 3 + [1.0 / 5, 1.0 / 5, 0.0])
+
+
+# NFT (arXiv 2505.18116): right samples -log R, wrong ones -log max_v((1 - r R) / (1 - r), eps), times omega(q)
+
+
+def test_nft_matches_a_hand_computed_case():
+    from stages.lib.losses import nft_loss
+
+    # one token each; right sample R = 2, wrong sample R = 0.5, r_q = 0.5, omega = 1 - r_q = 0.5
+    logps = torch.tensor([[math.log(2.0)], [math.log(0.5)]], dtype=F64, requires_grad=True)
+    old = torch.zeros(2, 1, dtype=F64)
+    labels, rate, mask = torch.tensor([1.0, 0.0]), torch.tensor([0.5, 0.5]), torch.ones(2, 1)
+    loss, stats = nft_loss(logps, old, labels, rate, mask)
+    proxy = (1 - 0.5 * 0.5) / (1 - 0.5)  # 1.5, above eps = 1
+    assert loss.item() == pytest.approx((0.5 * -math.log(2.0) + 0.5 * -math.log(proxy)) / 2)
+    loss.backward()
+    # d/dlogp: right -omega; wrong -omega / proxy * (-r R / (1 - r)); token mean over 2
+    assert logps.grad[:, 0].tolist() == pytest.approx([-0.5 / 2, -0.5 / proxy * (-0.5 * 0.5 / 0.5) / 2])
+    assert stats["negative_clipped"].item() == 0.0
+
+
+def test_nft_floor_keeps_the_gradient_below_eps():
+    from stages.lib.losses import nft_loss
+
+    # wrong sample pushed up to R = 1.8 with r_q = 0.5: proxy 0.2 < eps 1, value log(1) = 0, gradient of x kept
+    logps = torch.tensor([[math.log(1.8)]], dtype=F64, requires_grad=True)
+    loss, stats = nft_loss(logps, torch.zeros(1, 1, dtype=F64), torch.tensor([0.0]), torch.tensor([0.5]),
+                           torch.ones(1, 1))
+    assert loss.item() == pytest.approx(0.0)
+    loss.backward()
+    assert logps.grad.item() == pytest.approx(-0.5 / 1.0 * (-0.5 * 1.8 / 0.5))
+    assert stats["negative_clipped"].item() == 1.0
+
+
+def test_nft_on_policy_gradient_is_grpo_with_unnormalised_advantages():
+    """The paper's Prop. 4.2: at R = 1, NFT's gradient (omega = 1 - r_q) is GRPO's with A = label - r_q."""
+    from stages.lib.losses import nft_loss
+
+    g = torch.Generator().manual_seed(0)
+    logps = (-torch.rand(4, 5, generator=g, dtype=F64) * 3)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 1, 0]], dtype=F64)
+    labels, rate = torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.tensor([0.25, 0.25, 0.75, 0.75])
+    a = logps.clone().requires_grad_(True)
+    nft_loss(a * mask, (logps * mask).detach(), labels, rate, mask)[0].backward()
+    b = logps.clone().requires_grad_(True)
+    grpo_loss(b * mask, (logps * mask).detach(), (labels - rate).to(F64), mask)[0].backward()
+    assert torch.allclose(a.grad, b.grad)
+
+
+def test_nft_without_negatives_is_rejection_sampling_fine_tuning():
+    from stages.lib.losses import nft_loss
+
+    g = torch.Generator().manual_seed(1)
+    logps = (-torch.rand(3, 4, generator=g, dtype=F64) * 2)
+    old = (logps - 0.3).detach()  # off-policy: R != 1, so the negatives would matter
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]], dtype=F64)
+    labels, rate = torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0.6, 0.6, 0.6])
+    a = logps.clone().requires_grad_(True)
+    nft_loss(a * mask, old * mask, labels, rate, mask, neg_weight=0.0, omega="none")[0].backward()
+    b = logps.clone().requires_grad_(True)
+    right = labels.bool()
+    sft_loss((b * mask)[right], mask[right]).backward()
+    # token-mean over every token vs over the right samples' tokens: the same direction, scaled
+    assert torch.allclose(a.grad, b.grad * mask[right].sum() / mask.sum())
+    c = logps.clone().requires_grad_(True)
+    nft_loss(c * mask, old * mask, labels, rate, mask, neg_weight=1.0, omega="none")[0].backward()
+    assert not torch.allclose(c.grad[1], torch.zeros(4, dtype=F64))  # the wrong sample is trained on
+
+
+def test_nft_weights_and_rate_clamp():
+    from stages.lib.losses import nft_weights
+
+    r = torch.tensor([0.0, 0.5, 1.0])
+    assert nft_weights(r).tolist() == pytest.approx([0.98, 0.5, 0.02])
+    assert nft_weights(r, "sqrt").tolist() == pytest.approx([math.sqrt(0.98 / 0.02), 1.0, math.sqrt(0.02 / 0.98)])
+    assert nft_weights(r, "none").tolist() == [1.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="omega"):
+        nft_weights(r, "bad")

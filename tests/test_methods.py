@@ -19,6 +19,7 @@ VARIANTS = {
     "spin": {"train": {"algorithm": "spin"}, "evolve": {"seed_prompts": 8}},
     "cream": {"train": {"algorithm": "cream"}},
     "grpo": {"train": {"algorithm": "grpo", "kl_beta": 0.05}},
+    "nft": {"train": {"algorithm": "nft"}},
     "dpo_full": {"train": {"algorithm": "dpo", "lora": {"enabled": False}}},
 }
 
@@ -75,6 +76,13 @@ def test_every_method_runs_the_loop(variant_run):
         per = groups.groupby("prompt_id")["advantage"]
         assert (per.mean().abs() < 1e-9).all() and (per.std() > 0).all()
         assert {"clip_fraction", "kl"} <= set(art.read_json(root / "data/it1/train_metrics.json"))
+    elif name == "nft":
+        from stages.train import nft_data
+
+        data = nft_data(_read(root, "it1", "groups", art.GROUPS), 0.5)
+        assert len(data) > 0 and ((data["rate"] > 0) & (data["rate"] < 1)).all()
+        tm = art.read_json(root / "data/it1/train_metrics.json")
+        assert tm["train_examples"] == len(data) and {"ratio_mean", "negative_clipped"} <= set(tm)
     elif name == "dpo_full":
         from safetensors.torch import load_file
 
@@ -203,3 +211,18 @@ def test_fixed_poses_the_same_prompt_set_every_iteration(tmp_path, tiny_raw, mon
            for it, seed in (("it1", 1), ("it2", 2))]
     fresh = [set(df.loc[df["source"] == "fresh", "prompt"]) for df in eva]
     assert fresh[0] and fresh[0] != fresh[1]
+
+
+def test_nft_labels_samples_and_drops_prompts_that_all_agree():
+    from stages.train import nft_data
+
+    groups = pd.DataFrame({
+        "prompt_id": ["a", "a", "a", "a", "b", "b"], "reward": [1.0, 0.8, 0.2, 1.0, 1.0, 0.9],
+        "truncated": [False, False, False, True, False, False], "valid": [True, None, True, True, True, True],
+    })
+    out = nft_data(groups, 0.5)
+    # a: right, right, wrong (reward), wrong (truncated); b: all right, dropped
+    assert out["label"].tolist() == [1.0, 1.0, 0.0, 0.0] and out["rate"].tolist() == [0.5] * 4
+    assert set(out["prompt_id"]) == {"a"}
+    invalid = nft_data(groups.assign(valid=[False, True, True, True, True, True]), 0.5)
+    assert invalid["label"].tolist() == [0.0, 1.0, 0.0, 0.0]

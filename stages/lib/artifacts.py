@@ -84,6 +84,8 @@ GROUPS = pa.schema(  # GRPO: every scored sample of a prompt whose rewards diffe
         ("reward", pa.float64()),
         ("advantage", pa.float64()),  # (r - mean) / (std + eps) within the prompt's samples
         ("correct", pa.float64()),
+        ("truncated", pa.bool_()),  # cut at sample.max_new_tokens (nft: never right)
+        ("valid", pa.bool_()),  # judge.validity's verdict, null without it (nft: invalid is never right)
     ]
 )
 SFT = pa.schema(

@@ -365,6 +365,7 @@ class Algorithm(str, enum.Enum):
     spin = "spin"  # DPO form: the seed data's reference answer over the model's own sample
     cream = "cream"  # DPO regularised by the judge's consistency across iterations
     grpo = "grpo"  # group-relative advantages with a clipped ratio
+    nft = "nft"  # negative-aware fine-tuning: right samples' likelihood up, wrong ones' via the implicit negative policy
 
 
 PREFERENCE = (Algorithm.dpo, Algorithm.ipo, Algorithm.spin, Algorithm.cream)
@@ -375,6 +376,23 @@ class LoraConfig(_Section):
     r: int = Field(16, ge=1)
     alpha: int = Field(32, ge=1)
     dropout: float = Field(0.0, ge=0, lt=1)
+
+
+class NftOmega(str, enum.Enum):
+    one_minus_r = "one_minus_r"  # 1 - r_q (the paper's default)
+    sqrt = "sqrt"  # sqrt((1 - r_q) / r_q)
+    none = "none"  # 1: every prompt alike
+
+
+class NftConfig(_Section):
+    """train.algorithm nft (arXiv 2505.18116, NVlabs/NFT's defaults)."""
+
+    eps: float = Field(1.0, gt=0, description="nft: floor of the negative proxy (1 - r_q R) / (1 - r_q), "
+                       "its gradient kept (the official clamp_negative)")
+    neg_weight: float = Field(1.0, ge=0, description="nft: weight of the wrong samples' loss (1: NFT, 0: RFT)")
+    omega: NftOmega = Field(NftOmega.one_minus_r, description="nft: prompt weight from r_q, the prompt's rate of right samples")
+    threshold: float = Field(0.5, description="nft: a sample is right when its reward >= this, and it is neither "
+                             "truncated nor invalid (judge.validity); prompts whose samples all share a label are dropped")
 
 
 class TrainConfig(_Section):
@@ -392,6 +410,7 @@ class TrainConfig(_Section):
     nll_weight: float = Field(1.0, ge=0, description="dpo/cream/spin: weight of the NLL term on the chosen answer")
     clip_eps: float = Field(0.2, gt=0, lt=1, description="grpo: ratio clipping")
     kl_beta: float = Field(0.0, ge=0, description="grpo: weight of the KL to the reference (0: off)")
+    nft: NftConfig = NftConfig()
     max_grad_norm: float = Field(1.0, gt=0)
     checkpoint_every: int = Field(50, ge=0, description="steps between resumable checkpoints (0: none)")
 

@@ -224,3 +224,75 @@ def grpo_loss(
         "ratio_mean": ((ratio * m).sum() / n).detach(),
     }
     return loss, stats
+
+
+NFT_RATE_CLIP = (0.02, 0.98)  # r_q clamped as the official code does: 1 - r_q R stays away from 0 and 1
+NFT_MAX_LOG_RATIO = 10.0  # log R clamped before exp, as the official code does
+
+
+def _keep_grad_max(x: torch.Tensor, floor: float) -> torch.Tensor:
+    """max(x, floor) in value, the gradient of x everywhere (NFT's max_v: x + stopgrad(max(x, floor) - x))."""
+    return x + (torch.clamp(x, min=floor) - x).detach()
+
+
+def nft_weights(rate: torch.Tensor, omega: str = "one_minus_r") -> torch.Tensor:
+    """NFT's prompt weight omega(q) from the prompt's (clamped) rate of right samples r_q:
+    `one_minus_r` (the paper's default, normalize=1), `sqrt` (sqrt((1 - r_q) / r_q), normalize=2), `none` (1)."""
+    r = rate.clamp(*NFT_RATE_CLIP)
+    if omega == "one_minus_r":
+        return 1 - r
+    if omega == "sqrt":
+        return ((1 - r) / r).sqrt()
+    if omega == "none":
+        return torch.ones_like(r)
+    raise ValueError(f"nft: omega must be one_minus_r, sqrt or none, not {omega!r}")
+
+
+def nft_loss(
+    token_logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    labels: torch.Tensor,
+    rate: torch.Tensor,
+    mask: torch.Tensor,
+    eps: float = 1.0,
+    neg_weight: float = 1.0,
+    omega: str = "one_minus_r",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Negative-aware Fine-Tuning (Chen et al. 2025, arXiv 2505.18116; NVlabs/NFT, token ratios).
+
+    R = exp(min(logp - old, 10)) per token (pi_theta / pi_old, old: the policy that sampled).
+    right samples (label 1):  -log R
+    wrong samples (label 0):  -log max_v((1 - r_q R) / (1 - r_q), eps) * neg_weight
+        the implicit negative policy's likelihood; max_v keeps the gradient of x below eps
+    per token loss * omega(q), masked, token-mean over the batch (the aggregation of grpo_loss;
+    the official code sums tokens / 1000, a constant, which Adam's scale-invariance makes alike).
+
+    token_logps, old_logps, mask: (B, T). labels: (B,) 1 right / 0 wrong. rate: (B,) r_q, the mean
+    label of the sample's prompt (clamped to [0.02, 0.98] here). neg_weight 1: NFT; 0: rejection
+    sampling fine-tuning (RFT, wrong samples dropped). At R = 1 (the first step) the gradient is
+    GRPO's with advantage label - r_q and no std normalisation (the paper's Prop. 4.2).
+    Returns the loss and detached diagnostics: ratio_mean, negative_clipped (share of wrong-sample
+    tokens whose proxy fell below eps).
+    """
+    if not 0 < eps:
+        raise ValueError("nft_loss: eps must be > 0")
+    m = mask.to(token_logps.dtype)
+    on = m > 0
+    zero = torch.zeros_like(token_logps)
+    log_ratio = torch.where(on, token_logps - old_logps.detach(), zero).clamp(max=NFT_MAX_LOG_RATIO)
+    ratio = torch.exp(log_ratio)
+    r = rate.detach().to(token_logps.dtype).clamp(*NFT_RATE_CLIP).unsqueeze(1)
+    y = labels.detach().to(token_logps.dtype).unsqueeze(1)
+    proxy = (1 - r * ratio) / (1 - r)
+    positive = -torch.log(ratio)
+    negative = -torch.log(_keep_grad_max(proxy, eps))
+    w = nft_weights(rate.detach().to(token_logps.dtype), omega).unsqueeze(1)
+    per_token = w * (y * positive + (1 - y) * neg_weight * negative)
+    n = m.sum().clamp(min=1)
+    loss = (per_token * m).sum() / n
+    neg_tokens = ((1 - y) * m).sum().clamp(min=1)
+    stats = {
+        "ratio_mean": ((ratio * m).sum() / n).detach(),
+        "negative_clipped": ((((proxy < eps) & on).to(m.dtype) * (1 - y)).sum() / neg_tokens).detach(),
+    }
+    return loss, stats

@@ -1,4 +1,4 @@
-"""Training loops: SFT (base warm-up, RAFT), the DPO family (DPO, IPO, SPIN, CREAM) and GRPO.
+"""Training loops: SFT (base warm-up, RAFT), the DPO family (DPO, IPO, SPIN, CREAM), GRPO and NFT.
 
 One loop (`fit`) serves them all: seeded data order, warmup + cosine schedule, gradient
 clipping, a guard that stops on a non-finite loss before any model is written, resumable
@@ -33,7 +33,7 @@ from .distributed import is_fsdp
 from .errors import TrainingError
 from .chat import ChatFormat
 from .generation import Row, collate, encode_rows, pad_id, token_batches, token_logprobs
-from .losses import cream_loss, dpo_loss, grpo_loss, ipo_loss, sft_loss, spin_loss, with_nll
+from .losses import cream_loss, dpo_loss, grpo_loss, ipo_loss, nft_loss, sft_loss, spin_loss, with_nll
 
 log = logging.getLogger(__name__)
 
@@ -491,5 +491,44 @@ def train_grpo(
         return loss, {k: float(v) for k, v in stats.items()}
 
     return fit(model, len(prompts), step, schedule, batch_size, seed, max_grad_norm, "grpo",
+               accelerator=accelerator, checkpoints=checkpoints, micro_batch_size=micro_batch_size,
+               weight_fn=data.tokens)
+
+
+def train_nft(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str],
+    responses: list[str],
+    labels: list[float],
+    rates: list[float],
+    schedule: Schedule,
+    batch_size: int,
+    seed: int,
+    eps: float = 1.0,
+    neg_weight: float = 1.0,
+    omega: str = "one_minus_r",
+    max_grad_norm: float = 1.0,
+    accelerator=None,
+    checkpoints: Checkpoints | None = None,
+    micro_batch_size: int | None = None,
+    chat: ChatFormat | None = None,
+    max_length: int | None = None,
+) -> TrainLog:
+    """NFT on stored samples with 1/0 labels and their prompt's rate of right samples: the starting
+    model drew them, so it is pi_old, its log-probs taken once before the first step."""
+    if not prompts:
+        return fit(model, 0, None, schedule, batch_size, seed, checkpoints=checkpoints)
+    data = encode(tokenizer, prompts, responses, chat, max_length)
+    old = reference_logprobs(model, data, micro_batch_size or batch_size)
+    y, r = torch.tensor(labels, dtype=torch.float), torch.tensor(rates, dtype=torch.float)
+
+    def step(runner, idx, device):
+        logps, mask = token_logprobs(runner, data.batch(idx, device))
+        o = _stack(old, idx, logps.shape[1], device)
+        loss, stats = nft_loss(logps, o, y[idx].to(device), r[idx].to(device), mask, eps, neg_weight, omega)
+        return loss, {k: float(v) for k, v in stats.items()}
+
+    return fit(model, len(prompts), step, schedule, batch_size, seed, max_grad_norm, "nft",
                accelerator=accelerator, checkpoints=checkpoints, micro_batch_size=micro_batch_size,
                weight_fn=data.tokens)
