@@ -35,8 +35,7 @@ def _args(p: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     def body(args: argparse.Namespace, params: Params) -> None:
-        params.iteration_index(args.iteration)
-        cfg = params.judge
+        cfg = params.judge.model_copy(update={"min_share": params.min_share(args.iteration)})  # the rising gate
         judge = REGISTRY[cfg.method]
         consistency = params.train.algorithm == Algorithm.cream
         frozen = cfg.frozen != FrozenJudge.none
@@ -76,6 +75,7 @@ def main(argv: list[str] | None = None) -> None:
         log.info("%s: %s", cfg.method.value, judge_quality(df, judge.verdict, ctx.verify))
         prov = stage_provenance("judge", args.iteration, params, ("seed", "model", "judge"), [args.out])
         prov["consistency"] = consistency
+        prov["min_share"] = cfg.min_share  # the gate in force at this iteration (judge.min_share_step)
         art.write_table(df, args.out, art.JUDGMENTS, prov)
 
     run_stage("judge", _args, body, argv)

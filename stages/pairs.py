@@ -105,12 +105,16 @@ def group_advantages(rewards: np.ndarray, eps: float = ADVANTAGE_EPS) -> np.ndar
     return (r - r.mean()) / (r.std(ddof=1) + eps)
 
 
-def groups(judgments: pd.DataFrame) -> pd.DataFrame:
-    """GRPO groups: scored samples of prompts whose rewards differ, with their advantages."""
+def groups(judgments: pd.DataFrame, penalty: float = 1.0) -> pd.DataFrame:
+    """GRPO groups: scored samples of prompts whose rewards differ, with their advantages; and the
+    samples of prompts judge.low_consensus penalise marked, each with advantage -penalty (RESTRAIN)."""
     scored = judgments.dropna(subset=["reward"]).sort_values(["prompt_id", "sample_id"])
     out = []
     for _, g in scored.groupby("prompt_id", sort=False):
         r = g["reward"].astype(float).to_numpy()
+        if g["penalised"].fillna(False).astype(bool).all():
+            out.append(g.assign(reward=r, advantage=-penalty)[art.GROUPS.names])
+            continue
         if len(r) < 2 or np.all(r == r[0]):
             continue
         adv = group_advantages(r)
@@ -141,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
         prov["spin"] = params.train.algorithm == Algorithm.spin
         art.write_table(pairs, args.pairs, art.PAIRS, prov)
         art.write_table(best, args.sft, art.SFT, prov)
-        art.write_table(groups(judgments), args.groups, art.GROUPS, prov)
+        art.write_table(groups(judgments, params.pairs.penalty), args.groups, art.GROUPS, prov)
 
     run_stage("pairs", _args, body, argv)
 

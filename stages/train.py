@@ -44,14 +44,16 @@ log = logging.getLogger(__name__)
 def nft_data(groups: pd.DataFrame, threshold: float) -> pd.DataFrame:
     """NFT's samples: each scored sample's label (1: reward >= threshold and neither truncated nor
     invalid; else 0) and `rate`, the mean label of its prompt's samples; prompts whose samples all
-    share one label are dropped (they carry no signal, as in the official code's filter)."""
+    share one label are dropped (they carry no signal, as in the official code's filter), except
+    prompts judge.low_consensus penalise marked: all wrong, trained down (RESTRAIN)."""
     if groups.empty:
         return groups.assign(label=pd.Series(dtype=float), rate=pd.Series(dtype=float))
     right = (groups["reward"].astype(float) >= threshold) & ~groups["truncated"].fillna(False).astype(bool)
     right &= groups["valid"].fillna(True).astype(bool)
-    out = groups.assign(label=right.astype(float))
+    penalised = groups["penalised"].fillna(False).astype(bool)
+    out = groups.assign(label=(right & ~penalised).astype(float))
     out["rate"] = out.groupby("prompt_id")["label"].transform("mean")
-    return out[(out["rate"] > 0) & (out["rate"] < 1)].reset_index(drop=True)
+    return out[((out["rate"] > 0) & (out["rate"] < 1)) | penalised].reset_index(drop=True)
 
 
 def training_size(cfg: TrainConfig, pairs: pd.DataFrame, sft: pd.DataFrame, groups: pd.DataFrame) -> int:

@@ -234,3 +234,45 @@ def test_vote_signals_read_without_gold():
     other = s.assign(pred=["7", "7", "5", None, "5", "5", "5", "5"])
     assert vote_signals(other)["cross_view_agreement"] == 0.0
     assert vote_signals(s[s["variant"] == 0])["cross_view_agreement"] is None  # one wording: nothing to compare
+
+
+# RESTRAIN: prompts without a trustworthy majority skipped or only penalised; a gate that may rise
+
+
+def test_low_consensus_prompts_are_skipped_or_penalised():
+    split = _samples(["12", "12", "9", "7"], prompt_id="split")  # top share 0.5 < gate 0.6
+    clear = _samples(["12", "12", "12", "9"], prompt_id="clear")
+    s = pd.concat([split, clear], ignore_index=True)
+    skip = judge_samples(s, JudgeConfig(method="majority_vote", min_share=0.6))
+    assert skip["reward"][:4].isna().all() and skip["penalised"][:4].tolist() == [False] * 4
+    pen = judge_samples(s, JudgeConfig(method="majority_vote", min_share=0.6, low_consensus="penalise"))
+    assert list(pen["reward"]) == [0.0] * 4 + [1.0, 1.0, 1.0, 0.0]
+    assert list(pen["penalised"]) == [True] * 4 + [False] * 4 and pen["label"][:4].isna().all()
+    from stages.pairs import groups
+
+    g = groups(pen, penalty=0.5)
+    assert (g.loc[g["prompt_id"] == "split", "advantage"] == -0.5).all()
+    assert g.loc[g["prompt_id"] == "clear", "advantage"].sum() == pytest.approx(0.0)
+    from stages.train import nft_data
+
+    data = nft_data(g, 0.5)
+    split_rows = data[data["prompt_id"] == "split"]
+    assert len(split_rows) == 4 and (split_rows["label"] == 0).all() and (split_rows["rate"] == 0).all()
+    assert pairs_of(pen) == {"clear"}  # a penalised prompt gives no preference pair
+    with pytest.raises(ValueError, match="low_consensus"):
+        JudgeConfig(method="self_certainty", low_consensus="penalise")
+
+
+def pairs_of(judged):
+    out, _ = build(judged, PairsConfig(), seed=0)
+    return set(out["prompt_id"])
+
+
+def test_the_gate_rises_every_iteration_by_its_step():
+    from stages.lib.config import parse_params
+    from tests.conftest import TINY
+
+    params = parse_params({**TINY, "judge": {**TINY.get("judge", {}), "min_share": 0.5, "min_share_step": 0.2}})
+    assert [params.min_share(it) for it in ("it1", "it2", "it3")] == pytest.approx([0.5, 0.7, 0.9])
+    steep = parse_params({**TINY, "judge": {**TINY.get("judge", {}), "min_share": 0.5, "min_share_step": 0.4}})
+    assert steep.min_share("it3") == 1.0

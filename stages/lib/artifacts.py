@@ -57,6 +57,7 @@ JUDGMENTS = pa.schema(
         ("consistency", pa.float64()),  # CREAM: (tau + 1) / 2 with the previous model; else null
         ("valid", pa.bool_()),  # judge.validity: false when the response restates, copies or miscalculates
         ("frozen_yes", pa.float64()),  # judge.frozen: the frozen base model's P(Yes) for the sample
+        ("penalised", pa.bool_()),  # judge.low_consensus penalise: the prompt had no label, every sample wrong
     ]
 )
 PAIRS = pa.schema(
@@ -86,6 +87,7 @@ GROUPS = pa.schema(  # GRPO: every scored sample of a prompt whose rewards diffe
         ("correct", pa.float64()),
         ("truncated", pa.bool_()),  # cut at sample.max_new_tokens (nft: never right)
         ("valid", pa.bool_()),  # judge.validity's verdict, null without it (nft: invalid is never right)
+        ("penalised", pa.bool_()),  # judge.low_consensus penalise (RESTRAIN): advantage -pairs.penalty
     ]
 )
 SFT = pa.schema(

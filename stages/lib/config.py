@@ -282,6 +282,11 @@ class CrossView(str, enum.Enum):
     harmonic = "harmonic"  # Self-Harmony: the answer maximising the harmonic mean of its two views' shares
 
 
+class LowConsensus(str, enum.Enum):
+    skip = "skip"  # no verdict, no pair (ScPO's and RESTRAIN's gate)
+    penalise = "penalise"  # RESTRAIN: every sample wrong (reward 0), a negative advantage for grpo / nft
+
+
 class FrozenJudge(str, enum.Enum):
     none = "none"  # not "off": YAML 1.1 reads an unquoted off as false, and dvc exp run -S rewrites params.yaml unquoted
     yes_logprob = "yes_logprob"  # it0 (adapters off) weighs each answer's votes by its mean P(Yes)
@@ -306,6 +311,15 @@ class JudgeConfig(_Section):
     min_share: float = Field(
         0.2, ge=0, le=1, description="a vote label needs at least this share of the votes, else null "
         "(RESTRAIN and ScPO's gate: 0.5 skips prompts without a majority)",
+    )
+    min_share_step: float = Field(
+        0.0, ge=0, le=1, description="the gate rises by this every iteration: min(1, min_share + (N - 1) x step) "
+        "at itN (a gate that may rise as the policy grows more certain)",
+    )
+    low_consensus: LowConsensus = Field(
+        LowConsensus.skip, description="vote judges, prompts with no label (under the gate, a tie, no answer): "
+        "skip (no verdict) or penalise (RESTRAIN: reward 0 for every sample, kept as `penalised`; grpo gives "
+        "them advantage -pairs.penalty, nft trains them as wrong; no DPO pair)",
     )
     cross_view: CrossView = Field(
         CrossView.pooled, description="co_reward: how the original wording's votes and its rewrites' make "
@@ -338,6 +352,9 @@ class JudgeConfig(_Section):
         if self.frozen != FrozenJudge.none and self.method not in votes:
             raise ValueError(f"frozen: weighs the votes of a vote judge ({', '.join(m.value for m in votes)}), "
                              f"not {self.method.value}")
+        if self.low_consensus != LowConsensus.skip and self.method not in votes:
+            raise ValueError(f"low_consensus: penalises the prompts without a vote label, which "
+                             f"{self.method.value} does not give")
         if self.cross_view != CrossView.pooled and self.method != JudgeMethod.co_reward:
             raise ValueError(f"cross_view: {self.cross_view.value} compares co_reward's wordings, "
                              f"not {self.method.value}")
@@ -356,6 +373,8 @@ class PairsConfig(_Section):
         "margin (ScPO's vote margin with judge.method vote_share)",
     )
     sft_min_reward: float = Field(1.0, description="RAFT keeps best samples with at least this reward")
+    penalty: float = Field(1.0, ge=0, description="grpo: the advantage -penalty of every sample of a prompt "
+                           "judge.low_consensus penalise marked (RESTRAIN's negative rollout penalty)")
 
 
 class Algorithm(str, enum.Enum):
@@ -503,6 +522,11 @@ class Params(_Section):
         if self.evolve.seed_prompts is not None:
             return self.evolve.seed_prompts
         return 300 if self.train.algorithm == Algorithm.spin else 0
+
+    def min_share(self, iteration: str) -> float:
+        """judge.min_share at `iteration`: risen by min_share_step for every iteration after it1."""
+        step = max(0, self.iteration_index(iteration) - 1)
+        return min(1.0, self.judge.min_share + step * self.judge.min_share_step)
 
     def iteration_index(self, name: str) -> int:
         if name != "it0" and name not in self.loop:

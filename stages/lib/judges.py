@@ -43,7 +43,7 @@ from typing import Callable, Optional
 
 import pandas as pd
 
-from .config import CrossView, FrozenJudge, JudgeConfig, JudgeMethod, JudgeMode
+from .config import CrossView, FrozenJudge, JudgeConfig, JudgeMethod, JudgeMode, LowConsensus
 from .quality import consistency_from_tau, kendall_tau, roc_auc
 from .rubric import mean_score, parse_score, render
 from .validity import invalid_reason
@@ -59,6 +59,7 @@ class Verdicts:
     reward: list[Optional[float]]
     label: Optional[list[Optional[str]]] = None  # a pseudo-label (vote judges)
     parse_rate: Optional[list[Optional[float]]] = None  # share of judge outputs that parsed
+    penalised: Optional[list[bool]] = None  # judge.low_consensus penalise: the sample's prompt had no label
 
 
 @dataclass
@@ -182,6 +183,8 @@ def _vote_by(key: str, share_reward: bool = False) -> Callable[[pd.DataFrame, Ju
         harmonic = key == "group_id" and cfg.cross_view == CrossView.harmonic
         label = [None] * len(samples)
         reward: list[Optional[float]] = [None] * len(samples)
+        penalised = [False] * len(samples)
+        penalise = cfg.low_consensus == LowConsensus.penalise
         positions: dict[str, list[int]] = {}
         for i, k in enumerate(samples[key]):
             positions.setdefault(k, []).append(i)
@@ -196,11 +199,14 @@ def _vote_by(key: str, share_reward: bool = False) -> Callable[[pd.DataFrame, Ju
                 scores = {a: s * weights.get(a, 0.0) for a, s in scores.items()}
             top = top_answer(scores, cfg.min_harmony) if harmonic else top_answer(scores, cfg.min_share, shares)
             if top is None:
+                if penalise:  # RESTRAIN: a prompt without a trustworthy majority: every sample wrong
+                    for i in idx:
+                        reward[i], penalised[i] = 0.0, True
                 continue
             for i, p in zip(idx, ps):
                 label[i] = top
                 reward[i] = scores.get(p, 0.0) if share_reward else (1.0 if p == top else 0.0)
-        return Verdicts(reward, label)
+        return Verdicts(reward, label, penalised=penalised)
 
     return judge
 
@@ -377,6 +383,7 @@ def judge_samples(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext | N
     out["frozen_yes"] = pd.array(ctx._scores.get("frozen_yes", [None] * n), dtype="Float64")
     out["label"] = pd.array(v.label if v.label is not None else [None] * n, dtype="string")
     out["parse_rate"] = pd.array(v.parse_rate if v.parse_rate is not None else [None] * n, dtype="Float64")
+    out["penalised"] = pd.array(v.penalised if v.penalised is not None else [None] * n, dtype="boolean")
     cons = consistency(visible, v.reward, ctx) if with_consistency else [None] * n
     out["consistency"] = pd.array(cons, dtype="Float64")
     out["correct"] = pd.array(
