@@ -71,6 +71,12 @@ def main(argv: list[str] | None = None) -> None:
         if frozen:
             ctx.frozen = ModelHandle(*load_model(args.base or args.ref_model, security=params.security,
                                                  model_cfg=params.model))
+            if cfg.frozen_mix > 0:  # a slowly moving judge: part of the way from it0 to the policy
+                from .lib.models import interpolate_weights
+
+                policy = ctx.policy.model if ctx.policy is not None else load_model(
+                    args.model, security=params.security, base=args.base, model_cfg=params.model)[0]
+                interpolate_weights(ctx.frozen.model, policy, cfg.frozen_mix)
         df = judge_samples(samples, cfg, ctx, with_consistency=consistency)
         log.info("%s: %s", cfg.method.value, judge_quality(df, judge.verdict, ctx.verify))
         prov = stage_provenance("judge", args.iteration, params, ("seed", "model", "judge"), [args.out])

@@ -200,7 +200,8 @@ def test_a_loop_with_the_label_free_rules_on_a_chat_model(tmp_path_factory, bpe_
         "task": {"name": "word_math", "heldout_size": 8, "ttt_size": 8},
         "sample": {"k": 4, "temperature": 1.0}, "evaluate": {"k": 0},
         "evolve": {"fresh": 4, "keep_top": 2, "rewrites": 1},
-        "judge": {"method": "vote_share", "min_share": 0.5, "validity": True, "frozen": "yes_logprob"},
+        "judge": {"method": "vote_share", "min_share": 0.5, "validity": True, "frozen": "yes_logprob",
+                  "frozen_mix": 0.5},
         "pairs": {"weight": "margin"}})
     n_pairs = 0
     for it in ("it1", "it2", "it3"):
@@ -276,3 +277,26 @@ def test_the_gate_rises_every_iteration_by_its_step():
     assert [params.min_share(it) for it in ("it1", "it2", "it3")] == pytest.approx([0.5, 0.7, 0.9])
     steep = parse_params({**TINY, "judge": {**TINY.get("judge", {}), "min_share": 0.5, "min_share_step": 0.4}})
     assert steep.min_share("it3") == 1.0
+
+
+def test_a_slowly_moving_judge_is_part_of_the_way_from_it0_to_the_policy(bpe_model_dir):
+    from stages.lib.models import interpolate_weights, load_model
+
+    base, _ = load_model(bpe_model_dir, device="cpu")
+    policy, _ = load_model(bpe_model_dir, device="cpu")
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(1.0)  # every weight one more than the base's (tied weights once)
+    before = {k: v.clone() for k, v in base.state_dict().items()}
+    judge, _ = load_model(bpe_model_dir, device="cpu")
+    interpolate_weights(judge, policy, 0.25)
+    for k, v in judge.state_dict().items():
+        if v.is_floating_point():
+            assert torch.allclose(v, before[k] + 0.25), k
+    same, _ = load_model(bpe_model_dir, device="cpu")
+    interpolate_weights(same, policy, 0.0)
+    assert all(torch.equal(v, before[k]) for k, v in same.state_dict().items())
+    with pytest.raises(ValueError, match="mix"):
+        interpolate_weights(same, policy, 1.5)
+    with pytest.raises(ValueError, match="frozen_mix"):
+        JudgeConfig(method="vote_share", frozen_mix=0.5)

@@ -336,6 +336,10 @@ class JudgeConfig(_Section):
         FrozenJudge.none, description="vote judges: the base model, frozen, weighs each answer's vote share by "
         "its mean P(Yes) for `correct_template` (label score = vote share x frozen P(Yes))",
     )
+    frozen_mix: float = Field(
+        0.0, ge=0, le=1, description="judge.frozen: the judge's weights are (1 - mix) x it0 + mix x the model "
+        "that sampled (0: it0 frozen; between: a slowly moving judge that follows the policy part way)",
+    )
     template: str = Field(
         "stages/templates/judge_rubric.txt", min_length=1, description="llm_judge: the rubric prompt"
     )
@@ -352,6 +356,8 @@ class JudgeConfig(_Section):
         if self.frozen != FrozenJudge.none and self.method not in votes:
             raise ValueError(f"frozen: weighs the votes of a vote judge ({', '.join(m.value for m in votes)}), "
                              f"not {self.method.value}")
+        if self.frozen_mix > 0 and self.frozen == FrozenJudge.none:
+            raise ValueError("frozen_mix: mixes the frozen judge's weights; set frozen (yes_logprob) too")
         if self.low_consensus != LowConsensus.skip and self.method not in votes:
             raise ValueError(f"low_consensus: penalises the prompts without a vote label, which "
                              f"{self.method.value} does not give")

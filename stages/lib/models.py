@@ -294,3 +294,20 @@ def export_merged(model_dir: str | Path, base: str | Path | None, out: str | Pat
     """A standalone HF directory (safetensors, tokenizer, generation config) of any pipeline model."""
     model, tokenizer = load_model(model_dir, device="cpu", security=security, base=base, model_cfg=model_cfg)
     save_model(model, tokenizer, out, prov or {"exported_from": str(model_dir), "base": str(base)})
+
+
+@torch.no_grad()
+def interpolate_weights(anchor: torch.nn.Module, other: torch.nn.Module, mix: float) -> torch.nn.Module:
+    """`anchor` with every floating-point weight set to (1 - mix) x its own + mix x `other`'s (the same
+    architecture): a judge between a frozen model and the policy (WiSE-FT's weight interpolation)."""
+    if not 0 <= mix <= 1:
+        raise ValueError(f"interpolate_weights: mix must lie in [0, 1], not {mix}")
+    theirs = other.state_dict()
+    done: set[int] = set()  # tied weights (embeddings and lm_head) appear under two names: mix once
+    for name, w in anchor.state_dict().items():
+        if name not in theirs or theirs[name].shape != w.shape:
+            raise ArtifactError(f"interpolate_weights: {name} differs between the two models")
+        if w.is_floating_point() and mix > 0 and w.data_ptr() not in done:
+            done.add(w.data_ptr())
+            w.mul_(1 - mix).add_(theirs[name].to(w.dtype), alpha=mix)
+    return anchor
