@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
         result["lengths"] = by_length(task, tok, sets.heldout, res, sorted(args.lengths))
         result["instruction"] = params.task.instruction
     preds = [task.extract(r[0]).answer for r in res]
-    held = sets.heldout.assign(pred=preds, right=[task.verify(p, a) for p, a in zip(preds, sets.heldout["answer"])],
+    held = sets.heldout.assign(pred=preds, right=[task.verify(p, a, c) for p, a, c in zip(preds, sets.heldout["answer"], sets.heldout["category"])],
                                cut=[t[0] for t in res.truncated])
     result["greedy"] = {
         "accuracy": float(held["right"].mean()), "n": len(held),
@@ -190,7 +190,8 @@ def rule(name: str, params) -> tuple[JudgeConfig, PairsConfig]:
 
 
 def sample_stats(samples: pd.DataFrame, task, params, seconds: float) -> dict:
-    correct = pd.Series([task.verify(p, a) for p, a in zip(samples["pred"], samples["answer"])], dtype=float)
+    correct = pd.Series([task.verify(p, a, c) for p, a, c in zip(samples["pred"], samples["answer"], samples["category"])],
+                        dtype=float)
     per_prompt = samples.groupby("prompt_id")["pred"]
     return {"n": len(samples), "prompts": int(samples["prompt_id"].nunique()), "k": params.sample.k,
             "accuracy": float(correct.mean()),

@@ -14,8 +14,9 @@ from __future__ import annotations
 import argparse
 
 from .lib import artifacts as art
-from .lib.cli import run_stage
-from .lib.config import Params
+from .lib.cli import derive_seed, run_stage
+from .lib.config import Params, TaskName
+from .lib.tasks import task_for
 
 MARKER = "params.yaml passed stages/lib/config.py's checks; its bytes never depend on the params\n"
 
@@ -26,6 +27,9 @@ def _args(p: argparse.ArgumentParser) -> None:
 
 def _body(args: argparse.Namespace, params: Params) -> None:
     # run_stage has validated the whole file by now (load_params); only a valid one gets here
+    if params.task.kind == TaskName.reasoning_gym:  # the datasets refuse their own bad names and values,
+        # and sets too small to be disjoint are found here rather than after prepare lost its outputs
+        task_for(params.task).sets(derive_seed(params.seed, "split"), params.prepare.train_size)
     with art.atomic_path(args.out) as tmp:
         tmp.write_text(MARKER, encoding="utf-8")
 

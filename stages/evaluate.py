@@ -68,8 +68,9 @@ def dataset_record(path: str, rows: pd.DataFrame) -> dict:
     return {"source": path, "digest": hashlib.md5(Path(path).read_bytes()).hexdigest(), "rows": len(rows)}
 
 
-def accuracy(preds: list[str | None], answers: list[str], task: Task) -> float:
-    return float(sum(task.verify(p, a) for p, a in zip(preds, answers, strict=True)) / max(1, len(answers)))
+def accuracy(preds: list[str | None], answers: list[str], task: Task, categories: list | None = None) -> float:
+    cats = [c if isinstance(c, str) else None for c in categories] if categories is not None else [None] * len(preds)
+    return float(sum(task.verify(p, a, c) for p, a, c in zip(preds, answers, cats, strict=True)) / max(1, len(answers)))
 
 
 SETS = (("accuracy", "heldout", "heldout_n"), ("ttt_accuracy", "ttt", "ttt_n"))  # metric, set, size
@@ -105,13 +106,14 @@ def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cf
         preds = [task.extract(r[0]).answer for r in res]
         if answers is not None:
             answers += [{"set": set_name, "prompt_id": pid, "answer": gold, "response": r[0], "pred": pred,
-                         "correct": float(task.verify(pred, gold)), "truncated": t[0],
+                         "correct": float(task.verify(pred, gold, cat if isinstance(cat, str) else None)),
+                         "truncated": t[0],
                          "valid": valid(prompt, r[0], pred)}
-                        for pid, prompt, gold, r, pred, t in zip(df["prompt_id"], df["prompt"], df["answer"], res,
-                                                                 preds, res.truncated)]
+                        for pid, prompt, gold, r, pred, t, cat in zip(df["prompt_id"], df["prompt"], df["answer"],
+                                                                      res, preds, res.truncated, df["category"])]
         if name is None:
             continue
-        out[name] = accuracy(preds, list(df["answer"]), task)
+        out[name] = accuracy(preds, list(df["answer"]), task, list(df["category"]))
         out[f"{name}_se"] = binomial_se(out[name], len(df))  # one greedy answer per problem
         out[size] = len(df)
         cut += [t[0] for t in res.truncated]
@@ -123,7 +125,7 @@ def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cf
         return out
     res = sampler.generate(list(heldout["prompt"]), sampled, seed, desc="maj@k", progress=progress)
     votes = [vote_label([task.extract(x).answer for x in r], 0.0) for r in res]  # a tie: no answer
-    out["maj_accuracy"] = accuracy(votes, list(heldout["answer"]), task)
+    out["maj_accuracy"] = accuracy(votes, list(heldout["answer"]), task, list(heldout["category"]))
     out["maj_accuracy_se"] = binomial_se(out["maj_accuracy"], len(heldout))
     return out
 

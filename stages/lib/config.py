@@ -28,6 +28,7 @@ class TaskName(str, enum.Enum):
     math_file = "math_file"  # the user's GSM8K- or MATH-style file (`prompt_file`, `columns`)
     instructions = "instructions"  # the user's open prompts (`prompt_file`); answers optional
     prompts = "prompts"  # the earlier name of `instructions`
+    reasoning_gym = "reasoning_gym"  # reasoning-gym's procedural datasets (`datasets`), graded by their scorers
 
 
 WORD_OPS = ("add", "sub", "mul", "div")
@@ -36,6 +37,20 @@ WORD_OPS = ("add", "sub", "mul", "div")
 class OnError(str, enum.Enum):
     fail = "raise"  # the first bad row stops prepare with its file, row and column
     skip = "skip"  # bad rows are dropped and counted by reason
+
+
+class GymDataset(_Section):
+    """One reasoning-gym dataset of task.datasets: its name, its own config, its share, its category."""
+
+    name: str = Field(min_length=1, description="a reasoning-gym dataset, e.g. chain_sum, basic_arithmetic")
+    config: dict[str, Any] = Field(default_factory=dict, description="the dataset's own config (difficulty)")
+    weight: float = Field(1.0, gt=0, description="its share of every set, relative to the other entries")
+    label: Optional[str] = Field(None, min_length=1, description="its category (default: the name); "
+                                 "entries of one dataset at other settings are levels")
+
+    @property
+    def category(self) -> str:
+        return self.label or self.name
 
 
 class TaskConfig(_Section):
@@ -64,6 +79,8 @@ class TaskConfig(_Section):
         "that problems are drawn from; each is a category",
     )
     max_number: int = Field(10, ge=2, description="word_math: largest number a problem starts with or adds")
+    datasets: list[GymDataset] = Field(
+        default_factory=list, description="reasoning_gym: the datasets drawn from (name, config, weight, label)")
     on_error: OnError = Field(
         OnError.fail, description="prompts: a bad row raises, or is skipped and counted"
     )
@@ -81,6 +98,14 @@ class TaskConfig(_Section):
         if self.max_operand <= self.min_operand:
             raise ValueError("max_operand must be greater than min_operand")
         return self
+
+    @field_validator("datasets")
+    @classmethod
+    def _datasets(cls, v: list[GymDataset]) -> list[GymDataset]:
+        cats = [d.category for d in v]
+        if len(set(cats)) != len(cats):
+            raise ValueError("two entries share a category: give each entry of one dataset its own label")
+        return v
 
     @field_validator("levels")
     @classmethod

@@ -49,7 +49,7 @@ from .rubric import mean_score, parse_score, render
 from .validity import invalid_reason
 from .tasks.arithmetic import verify as exact_verify
 
-Verify = Callable[[Optional[str], Optional[str]], Optional[float]]  # (answer, gold) -> 1.0 / 0.0 / None
+Verify = Callable[..., Optional[float]]  # (answer, gold, category=None) -> 1.0 / 0.0 / None
 
 MAX_POINTS = 5
 
@@ -211,9 +211,13 @@ def _vote_by(key: str, share_reward: bool = False) -> Callable[[pd.DataFrame, Ju
     return judge
 
 
+def _cat(c) -> Optional[str]:
+    return c if isinstance(c, str) else None
+
+
 def _verifier(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext) -> Verdicts:
-    reward = [ctx.verify(p if isinstance(p, str) else None, a if isinstance(a, str) else None)
-              for p, a in zip(samples["pred"], samples["answer"])]
+    reward = [ctx.verify(p if isinstance(p, str) else None, a if isinstance(a, str) else None, _cat(c))
+              for p, a, c in zip(samples["pred"], samples["answer"], samples["category"])]
     label = [a if isinstance(a, str) else None for a in samples["answer"]]
     return Verdicts(reward, label)
 
@@ -387,8 +391,8 @@ def judge_samples(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext | N
     cons = consistency(visible, v.reward, ctx) if with_consistency else [None] * n
     out["consistency"] = pd.array(cons, dtype="Float64")
     out["correct"] = pd.array(
-        [ctx.verify(p if isinstance(p, str) else None, a if isinstance(a, str) else None)
-         for p, a in zip(samples["pred"], samples["answer"])],
+        [ctx.verify(p if isinstance(p, str) else None, a if isinstance(a, str) else None, _cat(c))
+         for p, a, c in zip(samples["pred"], samples["answer"], samples["category"])],
         dtype="Float64",
     )
     return out
@@ -449,7 +453,8 @@ def judge_quality(judgments: pd.DataFrame, verdict: bool = True,
         out["label_coverage"] = float(per_prompt["label"].notna().mean())
         if len(labelled):
             out["label_accuracy"] = float(sum(
-                verify(str(lab), str(gold)) or 0.0 for lab, gold in zip(labelled["label"], labelled["answer"])
+                verify(str(lab), str(gold), _cat(c)) or 0.0
+                for lab, gold, c in zip(labelled["label"], labelled["answer"], labelled["category"])
             ) / len(labelled))
     return out
 

@@ -3,7 +3,8 @@
 - `arithmetic`: two-digit addition for the embedded character-level model (the default);
 - `word_math`: procedural grade-school word problems, the real-model default;
 - `math_file`: the user's GSM8K- or MATH-style file;
-- `instructions` (earlier `prompts`): the user's open prompts, answers optional.
+- `instructions` (earlier `prompts`): the user's open prompts, answers optional;
+- `reasoning_gym`: reasoning-gym's procedural datasets, graded by their own scorers (optional extra).
 """
 
 from __future__ import annotations
@@ -26,4 +27,8 @@ def task_for(cfg: TaskConfig) -> Task:
         return ArithmeticTask(cfg)
     if kind == TaskName.word_math:
         return WordMathTask(cfg)
+    if kind == TaskName.reasoning_gym:
+        from .reasoning_gym import ReasoningGymTask  # the optional package, imported only here
+
+        return ReasoningGymTask(cfg)
     return FileTask(cfg)

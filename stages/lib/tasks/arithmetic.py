@@ -31,7 +31,7 @@ def extract_answer(response: str | None) -> str | None:
     return str(int(m.group(1)))
 
 
-def verify(pred: str | None, answer: str | None) -> float | None:
+def verify(pred: str | None, answer: str | None, category: str | None = None) -> float | None:
     """1.0 if the prediction equals the ground truth, 0.0 if not, None without ground truth."""
     if answer is None:
         return None
@@ -101,7 +101,7 @@ class ArithmeticTask(ProceduralTask):
         answer = extract_answer(response)
         return Extracted(answer, None if answer is None else "leading_integer")
 
-    def verify(self, answer: str | None, gold: str | None) -> float | None:
+    def verify(self, answer: str | None, gold: str | None, category: str | None = None) -> float | None:
         return verify(answer, gold)
 
     def fresh(self, rng: random.Random, n, forbidden: set, taken: set) -> list[Problem]:

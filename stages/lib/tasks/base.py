@@ -62,7 +62,8 @@ class Task(Protocol):
 
     def extract(self, response: str | None) -> Extracted: ...
 
-    def verify(self, answer: str | None, gold: str | None) -> float | None: ...
+    def verify(self, answer: str | None, gold: str | None, category: str | None = None) -> float | None: ...
+    # `category`: the problem's (a task whose problems are graded by their source, reasoning_gym)
 
 
 def prompt_rows(iteration: str, gid: str, source: str, category: str | None,

@@ -29,5 +29,5 @@ class FreeTextAnswers:
     def extract(self, response: str | None) -> Extracted:
         return extract(response)
 
-    def verify(self, answer: str | None, gold: str | None) -> float | None:
+    def verify(self, answer: str | None, gold: str | None, category: str | None = None) -> float | None:
         return float(equivalent(answer, gold)) if isinstance(gold, str) else None

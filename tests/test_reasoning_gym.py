@@ -1,0 +1,136 @@
+"""The reasoning_gym task: reasoning-gym's datasets graded by their own scorers, sets disjoint and
+seeded, bad datasets refused before any stage runs, and a loop on a chat model."""
+
+import pytest
+import yaml
+
+from stages.lib import artifacts as art
+from stages.lib.config import TaskConfig
+from stages.lib.errors import ConfigError
+from stages.lib.tasks import task_for
+
+pytest.importorskip("reasoning_gym")
+
+DATASETS = [
+    {"name": "chain_sum", "label": "chain_sum-2", "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1,
+                                                             "max_digits": 1}},
+    {"name": "chain_sum", "label": "chain_sum-3", "config": {"min_terms": 3, "max_terms": 3, "min_digits": 1,
+                                                             "max_digits": 2}},
+    {"name": "basic_arithmetic", "weight": 0.5},
+    {"name": "gsm_symbolic"},
+]
+
+
+def _task(**over):
+    cfg = {"name": "reasoning_gym", "heldout_size": 40, "ttt_size": 20, "datasets": DATASETS,
+           "instruction": "Answer with the final number only.", **over}
+    return task_for(TaskConfig(**cfg))
+
+
+def _key(prompt):
+    return " ".join(prompt.lower().split())
+
+
+def test_sets_are_seeded_disjoint_by_content_and_split_by_weight():
+    task = _task()
+    a, b = task.sets(0, 30), task.sets(0, 30)
+    assert a.heldout.equals(b.heldout) and a.ttt.equals(b.ttt) and a.seed.equals(b.seed)
+    assert not a.heldout.equals(task.sets(1, 30).heldout)
+    held, ttt, seed = ({_key(p) for p in df["prompt"]} for df in (a.heldout, a.ttt, a.seed))
+    assert len(held) == 40 and len(ttt) == 20 and len(seed) == 30
+    assert not held & ttt and not held & seed and not ttt & seed
+    # weights 1, 1, 0.5, 1 of 40: 11.4, 11.4, 5.7, 11.4 -> 12, 11, 6, 11 (largest remainders, ties to the first)
+    assert a.heldout["category"].value_counts().to_dict() == {"chain_sum-2": 12, "chain_sum-3": 11,
+                                                               "basic_arithmetic": 6, "gsm_symbolic": 11}
+    assert task.categories(a) == sorted({"chain_sum-2", "chain_sum-3", "basic_arithmetic", "gsm_symbolic"})
+    assert all(p.endswith("\nAnswer with the final number only.") for p in a.heldout["prompt"])
+
+
+def test_gold_is_right_and_a_wrong_answer_wrong_for_every_dataset():
+    task = _task()
+    sets = task.sets(0, 0)
+    for row in sets.heldout.itertuples():
+        assert task.verify(row.answer, row.answer, row.category) == 1.0, row
+        wrong = str(int(float(row.answer)) + 1)
+        assert task.verify(wrong, row.answer, row.category) == 0.0, row
+        assert task.verify(None, row.answer, row.category) == 0.0
+    assert task.verify("5", None, "chain_sum-2") is None
+
+
+def test_grading_agrees_with_the_datasets_own_scorers_on_real_looking_responses():
+    import reasoning_gym
+    from reasoning_gym.utils import extract_answer
+
+    task = _task()
+    cases = []
+    for i, entry_cfg in enumerate(DATASETS):
+        ds = reasoning_gym.create_dataset(entry_cfg["name"], size=6, seed=100 + i, **entry_cfg.get("config", {}))
+        label = entry_cfg.get("label", entry_cfg["name"])
+        for entry in ds:
+            gold = str(entry["answer"])
+            other = str(int(float(gold)) + 7)
+            for text in (f"<answer>{gold}</answer>", f"Let me think. <answer>{other}</answer>",
+                         f"<answer> {gold} </answer>", f"<answer>{gold}.0</answer>", f"<answer>+{gold}</answer>"):
+                cases.append((ds, entry, label, text))
+    agree = 0
+    for ds, entry, label, text in cases:
+        theirs = ds.score_answer(extract_answer(text), entry) >= 1.0
+        ours = task.verify(task.extract(text).answer, str(entry["answer"]), label) == 1.0
+        agree += theirs == ours
+        if "+" not in text and ".0<" not in text:  # formats the scorers themselves disagree on
+            assert theirs == ours, (text, entry["answer"])
+    assert agree / len(cases) >= 0.8
+
+
+@pytest.mark.parametrize("datasets,match", [
+    ([{"name": "no_such_dataset"}], r"task.datasets\[0\]"),
+    ([{"name": "chain_sum", "config": {"no_such_key": 1}}], r"task.datasets\[0\]"),
+    ([{"name": "chain_sum", "config": {"min_terms": 5, "max_terms": 2}}], r"task.datasets\[0\]"),
+])
+def test_bad_datasets_are_refused_naming_the_entry(datasets, match):
+    with pytest.raises(ConfigError, match=match):
+        _task(datasets=datasets)
+
+
+def test_too_few_distinct_problems_is_refused():
+    tiny = [{"name": "chain_sum", "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}]
+    with pytest.raises(ConfigError, match=r"too few distinct problems"):
+        _task(datasets=tiny, heldout_size=400).sets(0, 0)
+
+
+@pytest.mark.parametrize("task,match", [
+    ({"datasets": [{"name": "nope"}]}, "task.datasets[0]"),
+    ({"datasets": [{"name": "chain_sum", "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1,
+                                                    "max_digits": 1}}], "heldout_size": 400}, "too few distinct"),
+])
+def test_check_params_refuses_a_bad_dataset_before_any_stage(tmp_path, tiny_raw, capsys, monkeypatch, task, match):
+    from stages import check_params
+
+    monkeypatch.chdir(tmp_path)
+    raw = {**tiny_raw, "task": {**tiny_raw["task"], "name": "reasoning_gym", **task}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(SystemExit) as err:
+        check_params.main(["--out", "data/params.ok", "--params", "params.yaml"])
+    assert err.value.code != 0
+    assert match in capsys.readouterr().err
+    assert not (tmp_path / "data/params.ok").exists()
+
+
+def test_a_loop_on_reasoning_gym_with_a_chat_model(tmp_path_factory, bpe_model_dir):
+    from tests.test_tasks import _loop
+
+    work = _loop(tmp_path_factory, bpe_model_dir, "gym", {
+        "task": {"name": "reasoning_gym", "heldout_size": 8, "ttt_size": 8, "datasets": DATASETS[:2],
+                 "instruction": "Answer with the final number only."},
+        "evolve": {"fresh": 4, "keep_top": 2, "rewrites": 1}, "judge": {"method": "majority_vote"}})
+    heldout = art.read_table(work / "data/task/heldout.parquet", art.PROMPTS)
+    assert set(heldout["category"]) == {"chain_sum-2", "chain_sum-3"}
+    for it in ("it0", "it1", "it2", "it3"):
+        m = art.read_json(work / "reports" / "iterations" / it / "metrics.json")
+        assert 0 <= m["accuracy"] <= 1 and m["heldout_n"] == 8
+        answers = art.read_table(work / "data" / it / "eval.parquet", art.EVAL)
+        held = answers[answers["set"] == "heldout"]
+        task = _task(datasets=DATASETS[:2])
+        cats = dict(zip(heldout["prompt_id"], heldout["category"]))
+        assert list(held["correct"]) == [task.verify(p if isinstance(p, str) else None, a, cats[i])
+                                         for p, a, i in zip(held["pred"], held["answer"], held["prompt_id"])]
