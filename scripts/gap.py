@@ -94,7 +94,8 @@ def main(argv: list[str] | None = None) -> None:
     result["greedy"] = {
         "accuracy": float(held["right"].mean()), "n": len(held),
         "extract_failure_rate": float(held["pred"].isna().mean()), "truncated_share": float(held["cut"].mean()),
-        "by_category": {c: {"accuracy": float(g["right"].mean()), "n": len(g)}
+        "by_category": {c: {"accuracy": float(g["right"].mean()), "n": len(g), "truncated_share": float(g["cut"].mean()),
+                            "extract_failure_rate": float(g["pred"].isna().mean())}
                         for c, g in held.groupby("category")},
     }
     question = getattr(task, "question", lambda prompt: prompt)
@@ -107,11 +108,10 @@ def main(argv: list[str] | None = None) -> None:
     }
     if args.greedy_only:
         print(json.dumps({k: result[k] for k in ("greedy", "lengths") if k in result}, indent=1))
-        if args.lengths:
-            out = Path(args.out)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-            out.with_suffix(".md").write_text(lengths_table(result))
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        out.with_suffix(".md").write_text(lengths_table(result) if args.lengths else greedy_table(result))
         return
     # 2. it1's prompts, sampled by it0 at each temperature, diagnosed under every rule
     inp = ProposeInput(params.evolve, "it1", derive_seed(params.seed, "evolve", "it1"), sets.ttt, sets.heldout,
@@ -246,6 +246,20 @@ def by_length(task, tok, heldout: pd.DataFrame, res, lengths: list[int]) -> dict
         out[str(length)] = {"accuracy": sum(right) / len(right), "truncated_share": sum(cut) / len(cut),
                             "mean_tokens": sum(n_tokens) / len(n_tokens), "n": len(right)}
     return out
+
+
+def greedy_table(r: dict) -> str:
+    """it0's greedy accuracy per category as Markdown, with its binomial s.e. and the cut share."""
+    g = r["greedy"]
+    lines = [f"it0 greedy answers to {g['n']} held-out problems ({r['params'].get('model.base', 'the model')}, "
+             f"{r['params'].get('evaluate.max_new_tokens', '')} new tokens, instruction "
+             f"{r['params'].get('task.instruction')!r}): accuracy {g['accuracy']:.3f}.", "",
+             "| category | problems | greedy accuracy | s.e. | answers cut | no answer |", "|---|---|---|---|---|---|"]
+    for c, v in g["by_category"].items():
+        se = (v["accuracy"] * (1 - v["accuracy"]) / v["n"]) ** 0.5
+        lines.append(f"| {c} | {v['n']} | {v['accuracy']:.3f} | {se:.3f} | {v.get('truncated_share', float('nan')):.3f} | "
+                     f"{v.get('extract_failure_rate', float('nan')):.3f} |")
+    return "\n".join(lines) + "\n"
 
 
 def lengths_table(r: dict) -> str:
