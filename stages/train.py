@@ -50,7 +50,8 @@ def nft_data(groups: pd.DataFrame, threshold: float) -> pd.DataFrame:
         return groups.assign(label=pd.Series(dtype=float), rate=pd.Series(dtype=float))
     right = (groups["reward"].astype(float) >= threshold) & ~groups["truncated"].fillna(False).astype(bool)
     right &= groups["valid"].fillna(True).astype(bool)
-    penalised = groups["penalised"].fillna(False).astype(bool)
+    penalised = (groups["penalised"].fillna(False).astype(bool) if "penalised" in groups
+                 else pd.Series(False, index=groups.index))
     out = groups.assign(label=(right & ~penalised).astype(float))
     out["rate"] = out.groupby("prompt_id")["label"].transform("mean")
     return out[((out["rate"] > 0) & (out["rate"] < 1)) | penalised].reset_index(drop=True)

@@ -457,6 +457,29 @@ def train_preference(
                accelerator=accelerator, checkpoints=checkpoints, micro_batch_size=micro_batch_size)
 
 
+def _train_on_samples(model, tokenizer, prompts: list[str], responses: list[str], per_sample: dict[str, list[float]],
+                      loss_fn, name: str, schedule: Schedule, batch_size: int, seed: int, max_grad_norm: float,
+                      accelerator, checkpoints, micro_batch_size, chat, max_length) -> TrainLog:
+    """The on-policy trainers' loop (GRPO, NFT): the stored samples were drawn by the starting
+    model, so it is pi_old, its token log-probs taken once before the first step; each step calls
+    `loss_fn(logps, old, mask, **per_sample values of the batch)`, token-weighted across micro-batches."""
+    if not prompts:
+        return fit(model, 0, None, schedule, batch_size, seed, checkpoints=checkpoints)
+    data = encode(tokenizer, prompts, responses, chat, max_length)
+    old = reference_logprobs(model, data, micro_batch_size or batch_size)
+    values = {k: torch.tensor(v, dtype=torch.float) for k, v in per_sample.items()}
+
+    def step(runner, idx, device):
+        logps, mask = token_logprobs(runner, data.batch(idx, device))
+        o = _stack(old, idx, logps.shape[1], device)
+        loss, stats = loss_fn(logps, o, mask, **{k: v[idx].to(device) for k, v in values.items()})
+        return loss, {k: float(v) for k, v in stats.items()}
+
+    return fit(model, len(prompts), step, schedule, batch_size, seed, max_grad_norm, name,
+               accelerator=accelerator, checkpoints=checkpoints, micro_batch_size=micro_batch_size,
+               weight_fn=data.tokens)
+
+
 def train_grpo(
     model: torch.nn.Module,
     tokenizer: PreTrainedTokenizerBase,
@@ -477,22 +500,12 @@ def train_grpo(
 ) -> TrainLog:
     """GRPO on stored groups: the samples were drawn by the starting model, which is both pi_old
     (the clipped ratio) and the KL reference; several epochs over them move the ratio off 1."""
-    if not prompts:
-        return fit(model, 0, None, schedule, batch_size, seed, checkpoints=checkpoints)
-    data = encode(tokenizer, prompts, responses, chat, max_length)
-    old = reference_logprobs(model, data, micro_batch_size or batch_size)
-    adv = torch.tensor(advantages, dtype=torch.float)
+    def loss(logps, old, mask, adv):
+        return grpo_loss(logps, old, adv, mask, clip_eps, ref_logps=old if kl_beta > 0 else None, kl_beta=kl_beta)
 
-    def step(runner, idx, device):
-        logps, mask = token_logprobs(runner, data.batch(idx, device))
-        o = _stack(old, idx, logps.shape[1], device)
-        loss, stats = grpo_loss(logps, o, adv[idx].to(device), mask, clip_eps,
-                                ref_logps=o if kl_beta > 0 else None, kl_beta=kl_beta)
-        return loss, {k: float(v) for k, v in stats.items()}
-
-    return fit(model, len(prompts), step, schedule, batch_size, seed, max_grad_norm, "grpo",
-               accelerator=accelerator, checkpoints=checkpoints, micro_batch_size=micro_batch_size,
-               weight_fn=data.tokens)
+    return _train_on_samples(model, tokenizer, prompts, responses, {"adv": advantages}, loss, "grpo", schedule,
+                             batch_size, seed, max_grad_norm, accelerator, checkpoints, micro_batch_size, chat,
+                             max_length)
 
 
 def train_nft(
@@ -515,20 +528,11 @@ def train_nft(
     chat: ChatFormat | None = None,
     max_length: int | None = None,
 ) -> TrainLog:
-    """NFT on stored samples with 1/0 labels and their prompt's rate of right samples: the starting
-    model drew them, so it is pi_old, its log-probs taken once before the first step."""
-    if not prompts:
-        return fit(model, 0, None, schedule, batch_size, seed, checkpoints=checkpoints)
-    data = encode(tokenizer, prompts, responses, chat, max_length)
-    old = reference_logprobs(model, data, micro_batch_size or batch_size)
-    y, r = torch.tensor(labels, dtype=torch.float), torch.tensor(rates, dtype=torch.float)
+    """NFT on stored samples with 1/0 labels and their prompt's rate of right samples (pi_old: the
+    starting model, which drew them)."""
+    def loss(logps, old, mask, labels, rates):
+        return nft_loss(logps, old, labels, rates, mask, eps, neg_weight, omega)
 
-    def step(runner, idx, device):
-        logps, mask = token_logprobs(runner, data.batch(idx, device))
-        o = _stack(old, idx, logps.shape[1], device)
-        loss, stats = nft_loss(logps, o, y[idx].to(device), r[idx].to(device), mask, eps, neg_weight, omega)
-        return loss, {k: float(v) for k, v in stats.items()}
-
-    return fit(model, len(prompts), step, schedule, batch_size, seed, max_grad_norm, "nft",
-               accelerator=accelerator, checkpoints=checkpoints, micro_batch_size=micro_batch_size,
-               weight_fn=data.tokens)
+    return _train_on_samples(model, tokenizer, prompts, responses, {"labels": labels, "rates": rates}, loss, "nft",
+                             schedule, batch_size, seed, max_grad_norm, accelerator, checkpoints, micro_batch_size,
+                             chat, max_length)
