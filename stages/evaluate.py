@@ -30,7 +30,7 @@ from .lib.models import load_model, set_threads
 from .lib.quality import auc_se, binomial_se, cluster_se, paired_gain, win_rate
 from .lib.rubric import load_template
 from .lib.tasks import Task, task_for
-from .lib.validity import invalid_reason
+from .lib.validity import invalid_reason, numbers
 
 
 EXAMPLES = 3  # best and worst judged samples kept per iteration
@@ -96,6 +96,11 @@ def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cf
             return None
         return invalid_reason(question(prompt), response, pred) is None
 
+    def restates(prompt: str, pred: str | None) -> bool | None:
+        if pred is None or task.open_ended:
+            return None
+        return pred in numbers(question(prompt))
+
     sets = [(*s, df) for s, df in zip(SETS, (heldout, ttt))]
     if answers is not None:  # the label-free signals' second wording of each test-time problem
         sets.append((None, choice.VIEW_SET, None, rewritten(task, ttt, seed)))
@@ -108,7 +113,7 @@ def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cf
             answers += [{"set": set_name, "prompt_id": pid, "answer": gold, "response": r[0], "pred": pred,
                          "correct": float(task.verify(pred, gold, cat if isinstance(cat, str) else None)),
                          "truncated": t[0],
-                         "valid": valid(prompt, r[0], pred)}
+                         "valid": valid(prompt, r[0], pred), "restates": restates(prompt, pred)}
                         for pid, prompt, gold, r, pred, t, cat in zip(df["prompt_id"], df["prompt"], df["answer"],
                                                                       res, preds, res.truncated, df["category"])]
         if name is None:

@@ -10,11 +10,12 @@ from stages.lib.config import TaskConfig
 from stages.lib.tasks import task_for
 
 
-def _eval(preds, views, valid=None, frozen=None):
+def _eval(preds, views, valid=None, frozen=None, restates=None):
     """EVAL rows: test-time problem i answered `preds[i]` as posed and `views[i]` in its rewrite."""
     n = len(preds)
     rows = [{"set": "ttt", "prompt_id": f"p{i}", "pred": p, "valid": None if valid is None else valid[i],
-             "frozen_yes": None if frozen is None else frozen[i]} for i, p in enumerate(preds)]
+             "frozen_yes": None if frozen is None else frozen[i],
+             "restates": None if restates is None else restates[i]} for i, p in enumerate(preds)]
     rows += [{"set": VIEW_SET, "prompt_id": f"p{i}", "pred": v, "valid": None, "frozen_yes": None}
              for i, v in enumerate(views) if i < n]
     rows += [{"set": "heldout", "prompt_id": "h0", "pred": "1", "valid": True, "frozen_yes": None}]
@@ -22,12 +23,15 @@ def _eval(preds, views, valid=None, frozen=None):
 
 
 def test_signals_count_agreeing_wordings_invalid_answers_and_distinct_answers():
-    df = _eval(["12", "7", None, "3"], ["12", "8", None, "3"], valid=[True, False, None, True])
+    df = _eval(["12", "7", None, "3"], ["12", "8", None, "3"], valid=[True, False, None, True],
+               restates=[False, True, None, False])
     per = per_problem(df)
+    assert per["lf_restate_share"].tolist()[:2] == [0.0, 1.0] and per["lf_restate_share"].isna().tolist()[2]
     assert list(per["lf_agreement"]) == [1.0, 0.0, 0.0, 1.0]  # no answer in either wording: no agreement
     assert list(per["lf_invalid_share"]) == [0.0, 1.0, 1.0, 0.0]  # no answer counts as invalid
     s = signals(df)
     assert s["lf_agreement"] == 0.5 and s["lf_invalid_share"] == 0.5
+    assert s["lf_restate_share"] == pytest.approx(1 / 3)  # over the answered problems
     assert s["lf_distinct"] == 3 / 4 and s["lf_n"] == 4
     assert "lf_frozen_yes" not in s and "lf_agreement_gain" not in s
 
@@ -48,9 +52,9 @@ def test_a_task_without_rewrites_has_no_agreement():
     assert "lf_agreement" not in signals(df)
 
 
-def _row(it, agree, lo, invalid_lo=-0.1, distinct=0.5, frozen_hi=None):
+def _row(it, agree, lo, invalid_lo=-0.1, distinct=0.5, frozen_hi=None, restate_lo=-0.1):
     return {"iteration": it, "lf_agreement": agree, "lf_agreement_gain_lo": lo, "lf_invalid_share_gain_lo": invalid_lo,
-            "lf_distinct": distinct, "lf_frozen_yes_gain_hi": frozen_hi}
+            "lf_distinct": distinct, "lf_frozen_yes_gain_hi": frozen_hi, "lf_restate_share_gain_lo": restate_lo}
 
 
 def test_recommend_takes_the_highest_agreement_that_rose_beyond_noise():
@@ -65,9 +69,10 @@ def test_recommend_vetoes_invalid_share_up_distinct_halved_frozen_down():
     base = {"iteration": "it0", "lf_agreement": 0.4, "lf_distinct": 0.5, "lf_invalid_share": 0.2,
             "lf_frozen_yes": 0.6}
     h = [base, _row("it1", 0.9, 0.3, invalid_lo=0.05), _row("it2", 0.9, 0.3, distinct=0.2),
-         _row("it3", 0.9, 0.3, frozen_hi=-0.01)]
+         _row("it3", 0.9, 0.3, frozen_hi=-0.01), _row("it4", 0.9, 0.3, restate_lo=0.02)]
     rec = recommend(h)
     assert rec["iteration"] == "it0" and "no iteration" in rec["reason"]
+    assert "restating the question's numbers" in rec["rows"]["it4"]["vetoes"][0]
     assert "invalid share up" in rec["rows"]["it1"]["vetoes"][0]
     assert "distinct answers halved" in rec["rows"]["it2"]["vetoes"][0]
     assert "frozen judge" in rec["rows"]["it3"]["vetoes"][0]

@@ -59,6 +59,8 @@ def test_whole_loop_in_process(tmp_path, tiny_params_file, monkeypatch, capsys):
         # the label-free signals: each test-time problem in a second wording, the validity check
         assert len(views) >= 24 and set(views["prompt_id"]) <= set(answers.loc[answers["set"] == "ttt", "prompt_id"])
         assert 0 <= m["lf_agreement"] <= 1 and 0 <= m["lf_invalid_share"] <= 1 and m["lf_n"] == 30
+        ttt = answers[(answers["set"] == "ttt") & answers["pred"].notna()]
+        assert m["lf_restate_share"] == pytest.approx(ttt["restates"].astype(float).mean())
         assert (it == "it0") == ("lf_agreement_gain" not in m)
         # it0 holds the tiny model's weights; with LoRA each iteration holds adapters, not a copy
         model_file = "model.safetensors" if it == "it0" else "chain.json"

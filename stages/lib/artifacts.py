@@ -112,6 +112,7 @@ EVAL = pa.schema(  # evaluate: each problem's greedy answer, so two iterations c
         ("correct", pa.float64()),  # 1 / 0 by the task's verify
         ("truncated", pa.bool_()),
         ("valid", pa.bool_()),  # the validity check (no gold read); null: no answer, or an open task
+        ("restates", pa.bool_()),  # the answer is one of the question's own numbers; null: no answer, or open
         ("frozen_yes", pa.float64()),  # judge.frozen: the base model's P(Yes) for the answer (test-time only)
     ]
 )

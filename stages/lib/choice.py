@@ -11,6 +11,10 @@ per problem (EVAL rows, sets `ttt` and `ttt_view`):
 - `lf_invalid_share`: the share of problems whose answer the validity check rejects (it restates
   the question's first quantity, copies a sentence of it, or writes a false calculation) or that
   give no answer: a policy that learned to agree on restated numbers raises it.
+- `lf_restate_share`: the share of answers that are one of the question's own numbers (over the
+  answered problems): a policy that learns to restate an operand raises it, whichever operand it
+  is (the validity check looks at the first quantity only). Right answers do so at a base rate
+  (a - b = b), the same at every iteration, so only its rise from it0 counts.
 - `lf_distinct`: distinct answers over problems; a policy collapsing onto a few answers halves it.
 - `lf_frozen_yes`: with judge.frozen, the frozen base model's mean P(Yes) for the answers.
 
@@ -19,7 +23,8 @@ problems). No gold answer is read by any of them.
 
 The rule (`recommend`): itN is a candidate when its agreement rose from it0's beyond noise
 (the interval's low end above 0) and no veto holds: the invalid share rose beyond noise, the
-distinct answers fell under half of it0's, or the frozen judge's P(Yes) fell beyond noise. An
+answers restating the question's numbers rose beyond noise, the distinct answers fell under half of
+it0's, or the frozen judge's P(Yes) fell beyond noise. An
 iteration whose agreement fell cannot pass, so neither can one whose self-reward rose while
 its scores fell. The candidate with the highest agreement is recommended (ties: the earliest);
 with none, it0 (do no harm).
@@ -36,7 +41,7 @@ import pandas as pd
 from .quality import binomial_se, paired_gain
 
 VIEW_SET = "ttt_view"  # EVAL rows of the test-time problems' rewrites
-SIGNALS = ("lf_agreement", "lf_invalid_share", "lf_frozen_yes")  # per problem, with paired gains
+SIGNALS = ("lf_agreement", "lf_invalid_share", "lf_restate_share", "lf_frozen_yes")  # per problem, with paired gains
 
 
 def _missing(v: Any) -> bool:
@@ -59,8 +64,10 @@ def per_problem(answers: pd.DataFrame) -> pd.DataFrame:
     else:
         invalid = [np.nan] * len(ttt)
     frozen = ttt["frozen_yes"] if "frozen_yes" in ttt else [None] * len(ttt)
+    restated = ttt["restates"] if "restates" in ttt else [None] * len(ttt)
     return pd.DataFrame({"pred": pd.Series(preds, index=ttt.index, dtype=object), "lf_agreement": agree,
                          "lf_invalid_share": invalid,
+                         "lf_restate_share": [np.nan if _missing(v) else float(bool(v)) for v in restated],
                          "lf_frozen_yes": [np.nan if _missing(v) else float(v) for v in frozen]}, index=ttt.index)
 
 
@@ -98,6 +105,9 @@ def vetoes(row: dict, base: dict) -> list[str]:
         out.append(f"invalid share up {base.get('lf_invalid_share', float('nan')):.3f} -> "
                    f"{row.get('lf_invalid_share', float('nan')):.3f} (95% low end "
                    f"{row['lf_invalid_share_gain_lo']:+.3f})")
+    if (row.get("lf_restate_share_gain_lo") or 0) > 0:
+        out.append(f"answers restating the question's numbers up {base.get('lf_restate_share', float('nan')):.3f} -> "
+                   f"{row.get('lf_restate_share', float('nan')):.3f} (95% low end {row['lf_restate_share_gain_lo']:+.3f})")
     if base.get("lf_distinct") and row.get("lf_distinct") is not None and row["lf_distinct"] < base["lf_distinct"] / 2:
         out.append(f"distinct answers halved {base['lf_distinct']:.3f} -> {row['lf_distinct']:.3f}")
     hi = row.get("lf_frozen_yes_gain_hi")
