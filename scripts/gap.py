@@ -174,6 +174,12 @@ RULES = {  # name -> judge and pairs overrides: today's judges and the label-fre
     "scpo+validity+frozen": {"method": "vote_share", "min_share": 0.5, "validity": True,
                              "frozen": "yes_logprob", "pairs.weight": "margin"},
     "majority_vote+frozen": {"method": "majority_vote", "frozen": "yes_logprob"},
+    # validity with every number of the question (judge.restates any)
+    "majority_vote+validity_any": {"method": "majority_vote", "validity": True, "restates": "any"},
+    "co_reward+validity_any": {"method": "co_reward", "validity": True, "restates": "any"},
+    "self_harmony+validity_any": {"method": "co_reward", "cross_view": "harmonic", "validity": True, "restates": "any"},
+    "scpo+validity_any": {"method": "vote_share", "min_share": 0.5, "validity": True, "restates": "any",
+                          "pairs.weight": "margin"},
 }
 
 

@@ -300,3 +300,14 @@ def test_a_slowly_moving_judge_is_part_of_the_way_from_it0_to_the_policy(bpe_mod
         interpolate_weights(same, policy, 1.5)
     with pytest.raises(ValueError, match="frozen_mix"):
         JudgeConfig(method="vote_share", frozen_mix=0.5)
+
+
+def test_restates_any_catches_a_restated_operand_the_first_rule_lets_through():
+    q = "There are 25 pencils in Omar's bag. Omar loses 18 of the pencils. How many pencils does Omar have at the end?"
+    assert invalid_reason(q, "Omar loses 18 pencils.", "18") is None  # not the first quantity
+    assert invalid_reason(q, "Omar loses 18 pencils.", "18", "any") == "restates"
+    assert invalid_reason(q, "25 - 18 = 7. The answer is 7.", "7", "any") is None
+    assert invalid_reason(q, "43 - 25 = 18. So 18.", "18", "any") is None  # a calculation arriving at it
+    s = _samples(["18", "18", "18", "7"], responses=["Omar loses 18 pencils."] * 3 + ["25 - 18 = 7"], prompt=q)
+    out = judge_samples(s, JudgeConfig(method="majority_vote", validity=True, restates="any"))
+    assert list(out["valid"]) == [False, False, False, True] and set(out["label"].dropna()) == {"7"}

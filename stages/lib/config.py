@@ -307,6 +307,11 @@ class CrossView(str, enum.Enum):
     harmonic = "harmonic"  # Self-Harmony: the answer maximising the harmonic mean of its two views' shares
 
 
+class RestateRule(str, enum.Enum):
+    first = "first"  # the question's first quantity (where the story starts)
+    any = "any"  # any number of the question
+
+
 class LowConsensus(str, enum.Enum):
     skip = "skip"  # no verdict, no pair (ScPO's and RESTRAIN's gate)
     penalise = "penalise"  # RESTRAIN: every sample wrong (reward 0), a negative advantage for grpo / nft
@@ -357,6 +362,9 @@ class JudgeConfig(_Section):
         False, description="vote judges: responses that restate the question, copy its sentence or write a "
         "false calculation do not vote, get the lowest reward and are preferred as rejected",
     )
+    restates: RestateRule = Field(
+        RestateRule.first, description="judge.validity: an answer that is the question's first number (first) "
+        "or any of its numbers (any), with no calculation arriving at it, is a restatement")
     frozen: FrozenJudge = Field(
         FrozenJudge.none, description="vote judges: the base model, frozen, weighs each answer's vote share by "
         "its mean P(Yes) for `correct_template` (label score = vote share x frozen P(Yes))",

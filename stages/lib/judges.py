@@ -372,7 +372,7 @@ def judge_samples(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext | N
     valid: list[Optional[bool]] = [None] * n
     if cfg.validity:
         valid = [invalid_reason(ctx.question(q), r if isinstance(r, str) else "",
-                                p if isinstance(p, str) else None) is None
+                                p if isinstance(p, str) else None, cfg.restates.value) is None
                  for q, r, p in zip(samples["prompt"], samples["response"], samples["pred"])]
         visible = visible.assign(pred=[p if ok else None for p, ok in zip(visible["pred"], valid)])
     v = judge.fn(visible, cfg, ctx)

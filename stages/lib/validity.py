@@ -11,6 +11,9 @@ signs mark a response invalid, each read from the question and the response alon
   >= 2) though 5% equal a later number of the question (10 - 5 = 5), so only the first counts; on
   two-step problems 4.7% of right answers do (4 + 4 - 4), and those pass when the response shows
   the calculation that ends at its answer.
+  With ``judge.restates: any`` every number of the question counts: a V2 loop on SmolLM2 drifted
+  into restating the second operand ("Omar loses 18 pencils."), which the first-quantity rule
+  never sees; the price is the right bare answers that equal a later number (10 - 5 = 5).
 - ``copies``: the sentence that gives its answer is a sentence of the question, verbatim up to
   case and spacing.
 - ``false_calc``: a calculation it writes, ``a op b = c`` with op one of + - * x × / ÷, is false
@@ -86,13 +89,14 @@ def copied_sentence(question: str, response: str, answer: str) -> Optional[str]:
     return None
 
 
-def invalid_reason(question: str, response: str, answer: Optional[str]) -> Optional[str]:
+def invalid_reason(question: str, response: str, answer: Optional[str], restates: str = "first") -> Optional[str]:
     """Why the response is invalid (one of REASONS), or None. A response without an answer is
-    not judged here (it has nothing to vote for)."""
+    not judged here (it has nothing to vote for). `restates`: which of the question's numbers an
+    answer may not be without a calculation arriving at it, `first` or `any` of them."""
     if answer is None:
         return None
-    first = numbers(question)[:1]
-    if first and first[0] == answer and not _arrives_at(response, answer):
+    given = numbers(question) if restates == "any" else numbers(question)[:1]
+    if answer in given and not _arrives_at(response, answer):
         return "restates"
     if copied_sentence(question, response, answer):
         return "copies"
