@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -120,6 +121,12 @@ def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cf
             continue
         out[name] = accuracy(preds, list(df["answer"]), task, list(df["category"]))
         out[f"{name}_se"] = binomial_se(out[name], len(df))  # one greedy answer per problem
+        cats = df["category"].fillna("(none)")
+        if cats.nunique() > 1:  # per category (a word_math level, a reasoning-gym dataset): `<name>/<category>`
+            for cat in sorted(cats.unique()):
+                on = (cats == cat).to_numpy()
+                out[f"{name}/{re.sub(r'[^A-Za-z0-9_. -]', '_', cat)}"] = accuracy([p for p, o in zip(preds, on) if o], list(df["answer"][on]), task,
+                                                list(df["category"][on]))
         out[size] = len(df)
         cut += [t[0] for t in res.truncated]
         failed += [p is None for p in preds]
