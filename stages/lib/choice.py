@@ -51,7 +51,8 @@ def _missing(v: Any) -> bool:
 def per_problem(answers: pd.DataFrame) -> pd.DataFrame:
     """One row per test-time problem (index prompt_id): `lf_agreement` (1/0; NaN without a rewrite
     answered), `lf_invalid_share` (1: rejected by the validity check or no answer; NaN where the
-    check was not run), `lf_frozen_yes` (NaN where not judged) and `pred`."""
+    check was not run), `lf_restate_share` (1: the answer is one of the question's numbers; NaN
+    without an answer), `lf_frozen_yes` (NaN where not judged) and `pred`."""
     ttt = answers[answers["set"] == "ttt"].drop_duplicates("prompt_id").set_index("prompt_id")
     preds = [None if _missing(p) else p for p in ttt["pred"]]
     view = answers[answers["set"] == VIEW_SET].drop_duplicates("prompt_id").set_index("prompt_id")["pred"]
