@@ -127,6 +127,33 @@ def test_bad_params_through_dvc_repro_lose_nothing(repo):
     assert json.loads(sh(["dvc", "status", "--json"], work, env)) == {}
 
 
+@pytest.mark.parametrize("task, needle", [
+    ({"datasets": [{"name": "no_such_dataset"}]}, "task.datasets[0]"),
+    ({"datasets": [{"name": "chain_sum", "config": {"no_such_key": 1}}]}, "task.datasets[0]"),
+    ({"datasets": [{"name": "chain_sum", "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1,
+                                                    "max_digits": 1}}], "heldout_size": 400}, "too few distinct"),
+])
+def test_bad_reasoning_gym_datasets_through_dvc_repro_lose_nothing(repo, task, needle):
+    """reasoning-gym refuses its own bad names, keys and values, and too-small sets: check_params
+    stops `dvc repro` naming the entry before any stage deletes an output."""
+    pytest.importorskip("reasoning_gym")
+    work, env, _ = repo
+    params = work / "params.yaml"
+    good = params.read_bytes()
+    before = _outputs(work)
+    try:
+        raw = yaml.safe_load(good)
+        raw["task"].update(name="reasoning_gym", **task)
+        params.write_text(yaml.safe_dump(raw))
+        proc = subprocess.run(["dvc", "repro"], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+        said = proc.stdout + proc.stderr
+        assert proc.returncode != 0 and "check_params: error:" in said and needle in said, said[-2000:]
+        assert "Running stage 'prepare'" not in said
+        assert _outputs(work) == before
+    finally:
+        params.write_bytes(good)
+
+
 _OPEN = re.compile(r'^\d+\s+open(?:at)?\((?:AT_FDCWD, )?"([^"]+)", ([A-Z_|]+)[^)]*\)\s+=\s+(\d+)')
 # what a stage may touch without declaring it: MLflow's store and the git commit it tags a run
 # with (tracking only observes: no output depends on them), Python's bytecode caches
