@@ -47,39 +47,23 @@ test-slow: install  ## the real-model tests: a one-iteration loop on SmolLM2-135
 	$(PY) -m pytest -m slow
 
 # The real-model recipes: word problems at SmolLM2-135M's level (see README, Real tasks on a real model).
-# V1, base + 3 iterations in about 26 minutes on 2 CPU cores: 48 held-out problems (one run's s.e. 0.07),
-# k 4 at temperature 0.3, 48 new tokens (44% of answers cut); the figures in reports/smollm2/ used it.
-# V2, sized to see 5 points: 512 held-out and 128 test-time problems (numbers up to 30, so that many
-# distinct ones exist), greedy answers of up to 128 tokens (accuracy as at 256, see reports/lengths_smollm2.md),
-# no maj@k pass, k 8 samples for the vote. RECIPE=V1 gives the old one.
+# The SmolLM2-135M-Instruct recipes are files, configs/recipes/<RECIPE>.yaml (smollm2-v2: sized to see 5
+# points, the default; smollm2-v1: the first, smaller one); `python -m self_improve.recipes` prints one as
+# `-S key=value` arguments, with ENGINE (sample.backend) and TEMP (sample.temperature) on top.
 SMOL := models/smollm2-135m-instruct
 JUDGE ?= co_reward
 SEED ?= 0
 ENGINE ?= ct2
-RECIPE ?= V2
-SMOL_MODEL := -S model.base=$(SMOL) -S model.max_length=1024 -S sample.backend=$(ENGINE) -S task.name=word_math \
-	-S 'task.instruction=Answer with the final number only.'
-SMOL_TRAIN := -S train.algorithm=dpo -S train.batch_size=16 -S train.micro_batch_size=8 -S train.epochs=2 \
-	-S train.lr=0.0002 -S train.lora.r=8 -S train.lora.alpha=16
-SMOL_V1 := $(SMOL_MODEL) -S task.heldout_size=48 -S task.ttt_size=32 \
-	-S evolve.strategy=fixed -S evolve.fresh=8 -S evolve.rewrites=1 \
-	-S sample.k=4 -S sample.temperature=0.3 -S sample.max_new_tokens=48 -S sample.batch_size=256 \
-	-S judge.mode=yes_logprob $(SMOL_TRAIN) \
-	-S evaluate.k=4 -S evaluate.temperature=0.3 -S evaluate.max_new_tokens=48 -S evaluate.batch_size=256
-SMOL_V2 := $(SMOL_MODEL) -S task.max_number=30 -S task.heldout_size=512 -S task.ttt_size=128 \
-	-S evolve.strategy=fixed -S evolve.fresh=8 -S evolve.rewrites=1 \
-	-S sample.k=8 -S sample.temperature=$(or $(TEMP),0.3) -S sample.max_new_tokens=128 -S sample.batch_size=256 \
-	-S judge.mode=yes_logprob $(SMOL_TRAIN) \
-	-S evaluate.k=0 -S evaluate.max_new_tokens=128 -S evaluate.batch_size=256
-SMOL_RECIPE = $(SMOL_$(RECIPE))
+RECIPE ?= smollm2-v2
+SMOL_RECIPE = $(shell $(PY) -m self_improve.recipes $(RECIPE) -S sample.backend=$(ENGINE) $(if $(TEMP),-S sample.temperature=$(TEMP)))
 
 loop-smollm2: smollm2  ## the loop on SmolLM2-135M-Instruct, word problems, as DVC experiment smol-JUDGE-sSEED (JUDGE=co_reward SEED=0 ENGINE=ct2|hf; TARGET=evaluate@it2 stops there)
 	dvc exp run -n smol-$(JUDGE)-s$(SEED) $(SMOL_RECIPE) -S judge.method=$(JUDGE) -S seed=$(SEED) $(TARGET)
 
-loops-smollm2: smollm2  ## the real-model comparison: each judge over seeds, results to reports/smollm2_v2/ (RECIPE=V1: reports/smollm2/; JUDGES=..., SEEDS=...)
+loops-smollm2: smollm2  ## the real-model comparison: each judge over seeds, results to reports/smollm2_v2/ (RECIPE=smollm2-v1: reports/smollm2/; JUDGES=..., SEEDS=...)
 	$(PY) -m scripts.real_loops --recipe $(RECIPE) --judges $(or $(JUDGES),verifier co_reward majority_vote) --seeds $(or $(SEEDS),0 1 2)
 
-gap-smollm2: smollm2  ## every judge and label-free rule on SmolLM2's own samples before any loop (reports/gap_smollm2.*; RECIPE=V1 the old sizes)
+gap-smollm2: smollm2  ## every judge and label-free rule on SmolLM2's own samples before any loop (reports/gap_smollm2.*; RECIPE=smollm2-v1 the old sizes)
 	$(PY) -m scripts.gap $(SMOL_RECIPE) -S task.heldout_size=128 -S task.ttt_size=64 --temperatures 0.3 0.7 1.0 \
 		--out reports/gap_smollm2.json
 
@@ -114,7 +98,7 @@ $(VLLM_VENV)/.installed:
 
 vllm-env: $(VLLM_VENV)/.installed  ## vLLM's CPU build in its own virtualenv (.venv-vllm): sample.vllm.server_python=.venv-vllm/bin/python
 
-vllm-server: vllm-env  ## serve MODEL (an HF dir, e.g. `python -m stages.export --iteration it1 --out exported/it1`) with vLLM on PORT (8000): sample.vllm.url=http://127.0.0.1:8000
+vllm-server: vllm-env  ## serve MODEL (an HF dir, e.g. `python -m self_improve.models.export --iteration it1 --out exported/it1`) with vLLM on PORT (8000): sample.vllm.url=http://127.0.0.1:8000
 	VLLM_CPU_KVCACHE_SPACE=$(or $(KV_GB),4) $(VLLM_VENV)/bin/python -m vllm.entrypoints.openai.api_server \
 		--model $(MODEL) --served-model-name policy --host $(or $(HOST),127.0.0.1) --port $(or $(PORT),8000) \
 		--seed 0 --dtype $(or $(DTYPE),float32) --load-format safetensors

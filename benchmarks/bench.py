@@ -130,13 +130,13 @@ def bench_compute(work: Path, device: str, single_prompts: int) -> dict:
     import numpy as np
     import torch
 
-    from stages.lib import artifacts as art
-    from stages.lib.backends import HFSampler, VLLMSampler, vllm_unavailable
-    from stages.lib.config import load_params
-    from stages.lib.generation import SamplingSpec, encode_for_training, generate, score
-    from stages.lib.models import attach_lora, load_model, set_threads
-    from stages.lib.training import Schedule, steps_for, train_sft
-    from stages.sample import sample
+    from self_improve import artifacts as art
+    from self_improve.config import load_params
+    from self_improve.engines.hf import SamplingSpec, encode_for_training, generate, score
+    from self_improve.engines.sampler import HFSampler, VLLMSampler, vllm_unavailable
+    from self_improve.models.loading import attach_lora, load_model, set_threads
+    from self_improve.training.trainers import Schedule, steps_for, train_sft
+    from self_improve.sampling import sample
 
     set_threads()
     params = load_params(work / "params.yaml")

@@ -65,8 +65,8 @@ def forward_rate(model) -> float:
 def micro(model_dir: Path) -> tuple[dict, list[str], list[str]]:
     import torch
 
-    from stages.lib.generation import SamplingSpec, chat_format, generate, score
-    from stages.lib.models import load_model, set_threads
+    from self_improve.engines.hf import SamplingSpec, chat_format, generate, score
+    from self_improve.models.loading import load_model, set_threads
 
     set_threads()
     model, tok = load_model(model_dir)  # the GPU when there is one, in model.dtype auto (bf16 there)
@@ -100,13 +100,13 @@ def engines(model_dir: Path, n_prompts: int = 64, max_new_tokens: int = 48) -> d
     (k 8, temperature 0.7), how many greedy answers equal hf's, and greedy accuracy on the problems
     (with its binomial s.e.). vLLM is left out: on a CPU its server's start-up is the cost, and
     tests/test_smollm2.py runs it."""
-    from stages.lib.backends import HFSampler
-    from stages.lib.config import Ct2Config, TaskConfig
-    from stages.lib.ct2 import CT2Sampler, convert, ct2_unavailable
-    from stages.lib.generation import SamplingSpec
-    from stages.lib.models import load_model, set_threads
-    from stages.lib.quality import binomial_se
-    from stages.lib.tasks import task_for
+    from self_improve.config import Ct2Config, TaskConfig
+    from self_improve.engines.ct2 import CT2Sampler, convert, ct2_unavailable
+    from self_improve.engines.hf import SamplingSpec
+    from self_improve.engines.sampler import HFSampler
+    from self_improve.models.loading import load_model, set_threads
+    from self_improve.quality import binomial_se
+    from self_improve.tasks import task_for
 
     set_threads()
     task = task_for(TaskConfig(name="word_math", instruction=INSTRUCTION, heldout_size=n_prompts, ttt_size=8))
@@ -157,10 +157,10 @@ def train_stage(model_dir: Path, prompts: list[str], responses: list[str], micro
     import pandas as pd
     import yaml
 
-    from stages.lib import artifacts as art
-    from stages.lib.base import resolve_base
-    from stages.lib.config import ModelConfig
-    from stages.lib.models import write_base_record
+    from self_improve import artifacts as art
+    from self_improve.config import ModelConfig
+    from self_improve.models.base import resolve_base
+    from self_improve.models.loading import write_base_record
 
     work = tmp / f"train-micro{micro_batch}"
     work.mkdir()
@@ -195,8 +195,8 @@ def train_stage(model_dir: Path, prompts: list[str], responses: list[str], micro
     rss_kb = int(next(line.split()[1] for line in proc.stderr.splitlines() if line.startswith("PEAK_RSS_KB")))
     gpu = [int(line.split()[1]) for line in proc.stderr.splitlines() if line.startswith("PEAK_GPU_BYTES")]
     metrics = json.loads((work / "metrics.json").read_text())
-    from stages.lib.generation import chat_format
-    from stages.lib.models import load_model
+    from self_improve.engines.hf import chat_format
+    from self_improve.models.loading import load_model
 
     model, tok = load_model(work / "it0", device="cpu")
     chat = chat_format(model, tok)

@@ -15,7 +15,6 @@ real objects, not strings: a served flow is loaded from its file, and Prefect bu
 parameter model from them.
 """
 
-import copy
 import json
 import os
 import shutil
@@ -30,7 +29,8 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field
 
-from stages.lib.config import Algorithm, EvolveStrategy, JudgeMethod, parse_params
+from self_improve import recipes
+from self_improve.config import Algorithm, EvolveStrategy, JudgeMethod, parse_params
 
 from .dag import stage_order
 
@@ -93,16 +93,13 @@ OVERRIDES = {
 }
 
 
-def apply_overrides(raw: dict, values: dict) -> dict:
-    """params.yaml with the given overrides, validated as a whole (a bad mix is refused by key)."""
-    out = copy.deepcopy(raw)
-    for param, value in values.items():
-        *parents, leaf = OVERRIDES[param].split(".")
-        node = out
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value.value if hasattr(value, "value") else value
-    parse_params(out, "params.yaml with the flow's overrides")
+def apply_overrides(raw: dict, values: dict, recipe: str | None = None) -> dict:
+    """params.yaml with a recipe (configs/recipes/<recipe>.yaml) and then the given overrides, validated
+    as a whole (a bad mix is refused by key)."""
+    out = recipes.apply(raw, recipes.load(recipe)) if recipe else raw
+    out = recipes.apply(out, {OVERRIDES[param]: value.value if hasattr(value, "value") else value
+                              for param, value in values.items()})
+    parse_params(out, "params.yaml with the flow's overrides" + (f" and recipe {recipe}" if recipe else ""))
     return out
 
 
@@ -154,6 +151,8 @@ def _publish(workdir: Path, stage: str, rows: list[dict]) -> None:
 @flow(name="self-improve-loop", log_prints=True, validate_parameters=True)
 def self_improve_loop(
     repo: str = ".",
+    recipe: Optional[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$",
+                                          description="a recipe of configs/recipes/, applied first")]] = None,
     judge_method: Optional[JudgeMethod] = None,
     train_algorithm: Optional[Algorithm] = None,
     evolve_strategy: Optional[EvolveStrategy] = None,
@@ -172,9 +171,9 @@ def self_improve_loop(
 
     root = Path(repo).resolve()
     given = {k: v for k, v in locals().items() if k in OVERRIDES and v is not None}
-    isolated = bool(given) or experiment_name is not None
+    isolated = bool(given) or recipe is not None or experiment_name is not None
     raw = yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8"))
-    params = apply_overrides(raw, given)  # refused here, before any stage runs
+    params = apply_overrides(raw, given, str(root / recipes.path_of(recipe)) if recipe else None)  # refused here
     if not isolated:
         try:
             with workspace_lock(root):

@@ -17,7 +17,7 @@ import json
 import math
 from pathlib import Path
 
-from stages.lib.quality import binomial_se, reward_hacking_alarm
+from self_improve.quality import binomial_se, reward_hacking_alarm
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,7 +16,7 @@ import argparse
 import math
 
 from scripts.alarm_check import ROOT, history, runs
-from stages.lib.choice import recommend
+from self_improve.choice import recommend
 
 
 def below_it0(rows: list[dict], it: str) -> bool:

@@ -27,25 +27,32 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from stages.lib import artifacts as art
-from stages.lib.cli import derive_seed
-from stages.lib.config import FrozenJudge, JudgeConfig, JudgeMethod, JudgeMode, PairsConfig, load_params, parse_params
-from stages.lib.generation import SamplingSpec
-from stages.lib.judges import REGISTRY, JudgeContext, ModelHandle, judge_quality, judge_samples, template_path
-from stages.lib.validity import REASONS, invalid_reason
-from stages.pairs import build
-from stages.lib.models import load_model, set_threads
-from stages.lib.rubric import load_template
-from stages.lib.tasks import ProposeInput, task_for
-
-
-def override(raw: dict, assignment: str) -> None:
-    key, _, value = assignment.partition("=")
-    node = raw
-    parts = key.split(".")
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-    node[parts[-1]] = yaml.safe_load(value)
+from self_improve import artifacts as art
+from self_improve import recipes
+from self_improve.cli import derive_seed
+from self_improve.config import (
+    FrozenJudge,
+    JudgeConfig,
+    JudgeMethod,
+    JudgeMode,
+    PairsConfig,
+    load_params,
+    parse_params,
+)
+from self_improve.engines.hf import SamplingSpec
+from self_improve.judges.core import (
+    REGISTRY,
+    JudgeContext,
+    ModelHandle,
+    judge_quality,
+    judge_samples,
+    template_path,
+)
+from self_improve.judges.rubric import load_template
+from self_improve.judges.validity import REASONS, invalid_reason
+from self_improve.models.loading import load_model, set_threads
+from self_improve.pairs import build
+from self_improve.tasks import ProposeInput, task_for
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -63,9 +70,7 @@ def main(argv: list[str] | None = None) -> None:
                          "every shorter length (greedy decoding is prefix-consistent), accuracy and cut share")
     ap.add_argument("--out", required=True, help="JSON figures; a .md table is written beside it")
     args = ap.parse_args(argv)
-    raw = yaml.safe_load(Path(args.params).read_text())
-    for s in args.set:
-        override(raw, s)
+    raw = recipes.apply(yaml.safe_load(Path(args.params).read_text()), args.set)
     params = parse_params(raw, args.params)
     load_params(args.params)  # the file itself must be valid too
     set_threads()
@@ -74,8 +79,8 @@ def main(argv: list[str] | None = None) -> None:
     sets = task.sets(derive_seed(params.seed, "split"), params.prepare.train_size)
     model, tok = load_model(params.model.base if not params.model.builtin else "data/it0/model",
                             security=params.security, model_cfg=params.model)
-    from stages.lib.backends import HFSampler, open_sampler
-    from stages.sample import sample
+    from self_improve.engines.sampler import HFSampler, open_sampler
+    from self_improve.sampling import sample
 
     sampler = (HFSampler(model, tok) if params.model.builtin else
                open_sampler(params.model.base, params.sample, params.security, model_cfg=params.model))

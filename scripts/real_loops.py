@@ -1,13 +1,13 @@
 """Real-model loops, one DVC experiment each, with every finished result kept in git-trackable form.
 
     python -m scripts.real_loops --judges verifier co_reward majority_vote --seeds 0 1 2
-    python -m scripts.real_loops --recipe V2 --judges scpo+validity self_harmony --seeds 0 1 2
+    python -m scripts.real_loops --recipe smollm2-v1 --judges scpo+validity self_harmony --seeds 0 1 2
     python -m scripts.real_loops --table            # only rebuild the table from what has finished
 
-Each (judge, seed) runs `dvc exp run -n smol-<judge>-s<seed>` with one of the Makefile's SmolLM2
-recipes (`make -s print-smol-recipe RECIPE=V1|V2`), the judge and the seed, then copies its
-per-iteration metrics to `reports/smollm2/<judge>-s<seed>.json` (V1; V2: `reports/smollm2_v2/`) and
-its summary and figures to `reports/smollm2/<judge>-s<seed>/`. A judge is a `judge.method` (with
+Each (judge, seed) runs `dvc exp run -n smol-<judge>-s<seed>` with one of the SmolLM2 recipes
+(configs/recipes/smollm2-v2.yaml, the default, or smollm2-v1.yaml), the judge and the seed, then copies
+its per-iteration metrics to `reports/smollm2_v2/<judge>-s<seed>.json` (smollm2-v1: `reports/smollm2/`)
+and its summary and figures to `reports/smollm2_v2/<judge>-s<seed>/`. A judge is a `judge.method` (with
 `llm_judge:<mode>`) or a rule of `scripts/gap.py` (`scpo`, `self_harmony+validity`, ...), the same
 overrides the diagnosis measured (experiment refs and DVC caches do not travel with a clone; these
 files do), and rebuilds `reports/smollm2/table.md` and `accuracy.png` (scripts/seeds.py): held-out
@@ -21,19 +21,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
-import subprocess
 from pathlib import Path
 
 from scripts.seeds import ROOT, run_experiment, write_reports
+from self_improve import recipes
 
-OUTS = {"V1": ROOT / "reports" / "smollm2", "V2": ROOT / "reports" / "smollm2_v2"}
+OUTS = {"smollm2-v1": ROOT / "reports" / "smollm2", "smollm2-v2": ROOT / "reports" / "smollm2_v2"}
 
 
 def recipe(name: str) -> list[str]:
-    out = subprocess.run(["make", "-s", "print-smol-recipe", f"RECIPE={name}"], cwd=ROOT, capture_output=True,
-                         text=True, check=True)
-    return shlex.split(out.stdout.strip())
+    return recipes.set_args(recipes.load(ROOT / recipes.path_of(name)))
 
 
 def judge_overrides(judge: str) -> list[str]:
@@ -47,7 +44,7 @@ def judge_overrides(judge: str) -> list[str]:
     return ["-S", f"judge.method={method}"] + (["-S", f"judge.mode={mode}"] if mode else [])
 
 
-def run_one(judge: str, seed: int, force: bool, recipe_name: str = "V1") -> Path | None:
+def run_one(judge: str, seed: int, force: bool, recipe_name: str = "smollm2-v2") -> Path | None:
     OUT = OUTS[recipe_name]
     name = f"smol-{judge.replace(':', '-').replace('+', '-')}-s{seed}"
     args = recipe(recipe_name) + judge_overrides(judge) + ["-S", f"seed={seed}"]
@@ -60,7 +57,8 @@ def run_one(judge: str, seed: int, force: bool, recipe_name: str = "V1") -> Path
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--judges", nargs="*", default=[], help="judge.method, llm_judge:<mode>, or a rule of scripts/gap.py")
-    ap.add_argument("--recipe", choices=sorted(OUTS), default="V1", help="the Makefile's recipe (V2: sized to see 5 points)")
+    ap.add_argument("--recipe", choices=sorted(OUTS), default="smollm2-v2",
+                    help="configs/recipes/<name>.yaml (smollm2-v2: sized to see 5 points)")
     ap.add_argument("--seeds", nargs="*", type=int, default=[0])
     ap.add_argument("--force", action="store_true", help="run again even if a result exists")
     ap.add_argument("--table", action="store_true", help="only rebuild the table")

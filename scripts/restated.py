@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from stages.lib.quality import paired_gain
-from stages.lib.validity import numbers
+from self_improve.judges.validity import numbers
+from self_improve.quality import paired_gain
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -34,6 +34,8 @@ from typing import Any
 
 import yaml
 
+from self_improve.recipes import flatten, parse_assignment
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "reports" / "seeds"
 KEYS = ("accuracy", "accuracy_se", "ttt_accuracy", "ttt_accuracy_se", "maj_accuracy", "sample_accuracy",
@@ -99,21 +101,15 @@ def check_clean_params(root: Path = ROOT) -> None:
                          "or `git checkout params.yaml` if it is what an earlier experiment left there")
 
 
-def flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict):
-        return {k: v for key, sub in tree.items() for k, v in flat(sub, f"{prefix}{key}.").items()}
-    return {prefix.rstrip("."): tree}
-
-
 def params_diff(text: str, base: str) -> dict[str, Any]:
     """The params keys whose values differ from `base` (both params.yaml texts), flattened."""
-    new, old = flat(yaml.safe_load(text)), flat(yaml.safe_load(base))
+    new, old = flatten(yaml.safe_load(text)), flatten(yaml.safe_load(base))
     return {k: new.get(k) for k in sorted(set(new) | set(old)) if new.get(k) != old.get(k)}
 
 
-def _set_by(args: list[str]) -> dict[str, str]:
-    """{key: value} of the `-S key=value` arguments."""
-    return dict(a.partition("=")[::2] for a, prev in zip(args, [None, *args]) if prev == "-S")
+def _set_by(args: list[str]) -> dict[str, Any]:
+    """{key: value} of the `-S key=value` arguments, values read as YAML."""
+    return dict(parse_assignment(a) for a, prev in zip(args, [None, *args]) if prev == "-S")
 
 
 def unexpected_params(result: dict) -> dict[str, Any]:
@@ -125,7 +121,7 @@ def unexpected_params(result: dict) -> dict[str, Any]:
     asked = _set_by(result.get("args") or []) | _set_by([x for o in result.get("overrides") or [] for x in ("-S", o)])
     stray = {k: v for k, v in result["params_diff"].items() if k not in asked and k != "seed"}
     ran = result.get("params_set") or {}
-    stray |= {k: ran.get(k) for k, v in asked.items() if k in ran and ran[k] != yaml.safe_load(v)}
+    stray |= {k: ran.get(k) for k, v in asked.items() if k in ran and ran[k] != v}
     return stray
 
 
@@ -168,7 +164,7 @@ def run_experiment(name: str, args: list[str], dest: Path, *, force: bool = Fals
                for it in iterations(root)}
     result = {"experiment": name, "args": args, "wall_seconds": round(wall, 1), **(extra or {}),
               "params_diff": params_diff(ran, base), "machine": machine(),
-              "params_set": {k: flat(yaml.safe_load(ran)).get(k) for k in _set_by(args)},
+              "params_set": {k: flatten(yaml.safe_load(ran)).get(k) for k in _set_by(args)},
               "metrics": {it: {k: m[k] for k in KEYS if k in m} for it, m in metrics.items()}}
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
@@ -183,7 +179,7 @@ def machine() -> dict[str, Any]:
     since unpinned AVX2 and AVX-512 kernels train different tiny base models from one seed."""
     import platform
 
-    from stages import cpu_flags, pin_cpu_kernels
+    from self_improve.cpu import cpu_flags, pin_cpu_kernels
 
     flags = cpu_flags()
     return {"processor": platform.processor() or platform.machine(),
@@ -224,7 +220,7 @@ def gain(runs: list[dict], key: str, first: str, last: str) -> list[float]:
 
 
 def alarms(run: dict, its: list[str]) -> list[str]:
-    from stages.lib.quality import reward_hacking_alarm
+    from self_improve.quality import reward_hacking_alarm
 
     return reward_hacking_alarm([{"iteration": it, **run["metrics"].get(it, {})} for it in its])
 

@@ -39,7 +39,7 @@ def convert(gguf: Path, out: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    from stages.lib.artifacts import atomic_path
+    from self_improve.artifacts import atomic_path
 
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 
-from .lib import artifacts as art
-from .lib.cli import derive_seed, run_stage
-from .lib.config import Params, TaskName
-from .lib.tasks import task_for
+from self_improve import artifacts as art
+from self_improve.cli import derive_seed, run_stage
+from self_improve.config import Params, TaskName
+from self_improve.tasks import task_for
 
-MARKER = "params.yaml passed stages/lib/config.py's checks; its bytes never depend on the params\n"
+MARKER = "params.yaml passed self_improve/config.py's checks; its bytes never depend on the params\n"
 
 
 def _args(p: argparse.ArgumentParser) -> None:

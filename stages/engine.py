@@ -2,7 +2,7 @@
 
 With `sample.backend` ct2 (or `auto` on a CPU where CTranslate2 is installed) the model, merged
 with its adapters, is converted into CTranslate2's format here, and every stage that samples or
-evaluates this model loads the conversion (stages/lib/ct2.py) instead of converting again. For
+evaluates this model loads the conversion (self_improve/engines/ct2.py) instead of converting again. For
 vLLM the model is merged with its adapters once into `hf/` (a plain HF dir, what vLLM and
 `vllm serve` load); for hf there is nothing to prepare: the directory only records the engine.
 With `auto`, a model the converter does not know falls back to hf (recorded with the reason);
@@ -15,12 +15,16 @@ import argparse
 import json
 import logging
 
-from .lib import artifacts as art
-from .lib.cli import run_stage, stage_provenance
-from .lib.config import Params, SampleBackend
-from .lib.ct2 import ENGINE_FILE
+from self_improve import artifacts as art
+from self_improve.cli import run_stage, stage_provenance
+from self_improve.config import Params, SampleBackend
+from self_improve.engines.ct2 import ENGINE_FILE
 
 log = logging.getLogger(__name__)
+
+
+# the params keys this stage reads: dvc.yaml's params for it, and its provenance
+PARAMS = ("model", "sample.backend", "security")
 
 
 def _args(p: argparse.ArgumentParser) -> None:
@@ -36,17 +40,17 @@ def main(argv: list[str] | None = None) -> None:
             params.iteration_index(args.iteration)
         backend = params.sample.backend
         if backend == SampleBackend.auto:  # only then torch and the engines' modules are imported
-            from .lib.backends import resolve_backend
+            from self_improve.engines.sampler import resolve_backend
 
             backend = resolve_backend(backend)
-        prov = stage_provenance("engine", args.iteration, params, ("model", "security"), [args.out])
+        prov = stage_provenance("engine", args.iteration, params, PARAMS, [args.out])
         prov["params"]["sample"] = {"backend": params.sample.backend.value}  # the one sample key it reads
         with art.atomic_path(args.out, is_dir=True) as tmp:
             record = {"engine": backend.value}
             if backend == SampleBackend.ct2:
-                from .lib.ct2 import convert
-                from .lib.errors import ConfigError
-                from .lib.models import set_threads
+                from self_improve.engines.ct2 import convert
+                from self_improve.errors import ConfigError
+                from self_improve.models.loading import set_threads
 
                 set_threads()
                 try:
@@ -57,8 +61,8 @@ def main(argv: list[str] | None = None) -> None:
                     log.warning("%s; sampling with hf", err)
                     record = {"engine": "hf", "fallback": str(err)}
             if backend == SampleBackend.vllm:  # vLLM loads a plain HF dir: the adapters merged once here
-                from .lib.ct2 import MERGED_DIR
-                from .lib.models import export_merged, set_threads
+                from self_improve.engines.ct2 import MERGED_DIR
+                from self_improve.models.loading import export_merged, set_threads
 
                 set_threads()
                 export_merged(args.model, args.base, tmp / MERGED_DIR, params.security, params.model,
@@ -68,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
             (tmp / "provenance.json").write_text(json.dumps(prov, indent=2, sort_keys=True) + "\n")
         log.info("%s: %s", args.out, record)
 
-    run_stage("engine", _args, body, argv)
+    run_stage("engine", _args, body, argv, reads=PARAMS)
 
 
 if __name__ == "__main__":

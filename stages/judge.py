@@ -12,15 +12,29 @@ from __future__ import annotations
 import argparse
 import logging
 
-from .lib import artifacts as art
-from .lib.cli import derive_seed, run_stage, stage_provenance
-from .lib.config import Algorithm, FrozenJudge, JudgeMode, Params
-from .lib.errors import ConfigError
-from .lib.judges import REGISTRY, JudgeContext, ModelHandle, judge_quality, judge_samples, template_path
-from .lib.rubric import load_template
-from .lib.tasks import task_for
+from self_improve import artifacts as art
+from self_improve.cli import derive_seed, run_stage, stage_provenance
+from self_improve.config import Algorithm, FrozenJudge, JudgeMode, Params
+from self_improve.errors import ConfigError
+from self_improve.judges.core import (
+    REGISTRY,
+    JudgeContext,
+    ModelHandle,
+    judge_quality,
+    judge_samples,
+    template_path,
+)
+from self_improve.judges.rubric import load_template
+from self_improve.tasks import task_for
 
 log = logging.getLogger(__name__)
+
+
+# the params keys this stage reads: dvc.yaml's params for it, and its provenance
+PARAMS = (
+    "seed", "model", "task", "judge", "sample.batch_size", "sample.score_tokens", "train.algorithm",
+    "security",
+)
 
 
 def _args(p: argparse.ArgumentParser) -> None:
@@ -59,7 +73,10 @@ def main(argv: list[str] | None = None) -> None:
                            question=getattr(task, "question", lambda prompt: prompt),
                            frozen_template=frozen_template)
         if judge.needs_policy or judge.needs_reference or consistency or frozen:
-            from .lib.models import load_model, set_threads  # torch: only for judges that run a model
+            from self_improve.models.loading import (  # torch: only for judges that run a model
+                load_model,
+                set_threads,
+            )
 
             set_threads()
         if judge.needs_policy:
@@ -72,19 +89,19 @@ def main(argv: list[str] | None = None) -> None:
             ctx.frozen = ModelHandle(*load_model(args.base or args.ref_model, security=params.security,
                                                  model_cfg=params.model))
             if cfg.frozen_mix > 0:  # a slowly moving judge: part of the way from it0 to the policy
-                from .lib.models import interpolate_weights
+                from self_improve.models.loading import interpolate_weights
 
                 policy = ctx.policy.model if ctx.policy is not None else load_model(
                     args.model, security=params.security, base=args.base, model_cfg=params.model)[0]
                 interpolate_weights(ctx.frozen.model, policy, cfg.frozen_mix)
         df = judge_samples(samples, cfg, ctx, with_consistency=consistency)
         log.info("%s: %s", cfg.method.value, judge_quality(df, judge.verdict, ctx.verify))
-        prov = stage_provenance("judge", args.iteration, params, ("seed", "model", "judge"), [args.out])
+        prov = stage_provenance("judge", args.iteration, params, PARAMS, [args.out])
         prov["consistency"] = consistency
         prov["min_share"] = cfg.min_share  # the gate in force at this iteration (judge.min_share_step)
         art.write_table(df, args.out, art.JUDGMENTS, prov)
 
-    run_stage("judge", _args, body, argv)
+    run_stage("judge", _args, body, argv, reads=PARAMS)
 
 
 if __name__ == "__main__":

@@ -1,75 +1,27 @@
 """Stage `prepare`: the task's evaluation sets and the base model (iteration 0).
 
-With `model.base: builtin` it builds a character-level tokenizer and a tiny Llama-architecture
-model from params, and trains it briefly on the procedural task so it starts mediocre. With a
-pretrained `model.base` (a local HF directory, a GGUF file, a hub id) it checks the base before any
-work and writes a small record of it as it0 (where it is, its hub commit, a content hash): no
-warm-up, no copy of the weights. Writes the held-out set (disjoint from every training prompt),
-the test-time set (prompts the loop may train on; answers only measure), the base model's SFT
-data, the base model (and its untrained copy, it1's reference; for a pretrained base, the base
-itself), an empty judgment table for iteration 0 and the curriculum's initial state.
-
-The task (stages/lib/tasks/) makes the sets: procedurally (arithmetic, word_math) or from the
-user's file (math_file, instructions), validated row by row before any work. The embedded model is
-a character-level model warmed up on arithmetic whatever the task.
-"""
+The logic: self_improve/preparation.py."""
 
 from __future__ import annotations
 
 import argparse
-import copy
 import logging
-from dataclasses import dataclass
 
-import pandas as pd
-
-from .lib import artifacts as art
-from .lib.cli import derive_seed, run_stage, stage_provenance
-from .lib.config import Params
-from .lib.base import resolve_base
-from .lib.models import (build_char_tokenizer, build_tiny_model, default_device, save_model, set_threads,
-                         write_base_record)
-from .lib.curriculum import initial_state
-from .lib.tasks import task_for
-from .lib.training import Schedule, TrainLog, train_sft
+from self_improve import artifacts as art
+from self_improve.cli import run_stage, stage_provenance
+from self_improve.config import Params
+from self_improve.curriculum import initial_state
+from self_improve.models.loading import (
+    save_model,
+    set_threads,
+    write_base_record,
+)
+from self_improve.preparation import prepare
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class Prepared:
-    heldout: pd.DataFrame
-    ttt: pd.DataFrame
-    seed_sft: pd.DataFrame
-    model: object
-    tokenizer: object
-    log: TrainLog
-    init_model: object  # the same model before its warm-up: it1's reference
-    base_record: dict | None = None  # a pretrained base: what it is (no model, no warm-up)
-    categories: list[str] | None = None  # the curriculum's arms
-
-
-def prepare(params: Params, progress: bool = True) -> Prepared:
-    cfg = params.prepare
-    record = None if params.model.builtin else resolve_base(params.model, params.security)  # before any work
-    task = task_for(params.task)
-    sets = task.sets(derive_seed(params.seed, "split"), cfg.train_size)  # the user's file is checked here
-    arms = task.categories(sets)
-    if record is not None:
-        log.info("base model: %s (%s), content sha256 %s", record["base"], record["kind"], record["sha256"][:12])
-        return Prepared(sets.heldout, sets.ttt, sets.seed, None, None, TrainLog(), None, record, arms)
-    warmup = task.warmup(derive_seed(params.seed, "split"), cfg.train_size, sets)
-    tokenizer = build_char_tokenizer()
-    model = build_tiny_model(cfg.model, tokenizer, derive_seed(params.seed, "init")).to(default_device())
-    init_model = copy.deepcopy(model)
-    n_params = sum(p.numel() for p in model.parameters())
-    log.info("base model: %d parameters, %d SFT problems, %d steps", n_params, len(warmup), cfg.steps)
-    sched = Schedule(cfg.lr, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
-    train_log = train_sft(
-        model, tokenizer, list(warmup["prompt"]), list(warmup["response"]), sched,
-        cfg.batch_size, derive_seed(params.seed, "prepare-order"), desc="prepare", stop_loss=cfg.stop_loss,
-    )
-    return Prepared(sets.heldout, sets.ttt, sets.seed, model, tokenizer, train_log, init_model, None, arms)
+# the params keys this stage reads: dvc.yaml's params for it, and its provenance
+PARAMS = ("seed", "model", "task", "prepare", "security")
 
 
 def _args(p: argparse.ArgumentParser) -> None:
@@ -88,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
         set_threads()
         out = prepare(params)
         outs = [args.heldout, args.ttt, args.seed_data, args.model]
-        prov = stage_provenance("prepare", "it0", params, ("seed", "model", "task", "prepare"), outs)
+        prov = stage_provenance("prepare", "it0", params, PARAMS, outs)
         art.write_table(out.heldout, args.heldout, art.PROMPTS, prov)
         art.write_table(out.ttt, args.ttt, art.PROMPTS, prov)
         art.write_table(out.seed_sft, args.seed_data, art.SFT, prov)
@@ -103,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
             save_model(out.model, out.tokenizer, args.model, prov)
             save_model(out.init_model, out.tokenizer, args.init_model, prov)
 
-    run_stage("prepare", _args, body, argv)
+    run_stage("prepare", _args, body, argv, reads=PARAMS)
 
 
 if __name__ == "__main__":

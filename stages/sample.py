@@ -1,42 +1,21 @@
 """Stage `sample`: k responses per prompt from the iteration's starting model.
 
-Batched generation through the model's chat format (token-length-sorted, left-padded, KV cache;
-or vLLM), temperature and top-p from params, seeded per iteration. Each sample records whether it
-was cut by `max_new_tokens` (`truncated`), and its final answer as the task reads it (`pred`) with the
-convention it was written in (`pred_form`).
-"""
+The logic: self_improve/sampling.py."""
 
 from __future__ import annotations
 
 import argparse
 
-import pandas as pd
+from self_improve import artifacts as art
+from self_improve.cli import derive_seed, run_stage, stage_provenance
+from self_improve.config import Params
+from self_improve.engines.sampler import open_sampler
+from self_improve.models.loading import set_threads
+from self_improve.sampling import sample
+from self_improve.tasks import task_for
 
-from .lib import artifacts as art
-from .lib.cli import derive_seed, run_stage, stage_provenance
-from .lib.backends import Sampler, open_sampler
-from .lib.config import Params, SampleConfig
-from .lib.generation import SamplingSpec
-from .lib.models import set_threads
-from .lib.tasks import Task, task_for
-
-
-def sample(sampler: Sampler, prompts: pd.DataFrame, cfg: SampleConfig, seed: int, task: Task,
-           progress: bool = True) -> pd.DataFrame:
-    spec = SamplingSpec(
-        n=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p,
-        max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
-    )
-    responses = sampler.generate(list(prompts["prompt"]), spec, seed, desc="sample", progress=progress)
-    rows = prompts.loc[prompts.index.repeat(cfg.k)].reset_index(drop=True)
-    flat = [r for rs in responses for r in rs]
-    rows["sample_id"] = [f"{pid}/s{j}" for pid in prompts["prompt_id"] for j in range(cfg.k)]
-    rows["response"] = flat
-    answers = [task.extract(r) for r in flat]
-    rows["pred"] = [a.answer for a in answers]
-    rows["pred_form"] = [a.form for a in answers]
-    rows["truncated"] = [t for ts in responses.truncated for t in ts]
-    return rows
+# the params keys this stage reads: dvc.yaml's params for it, and its provenance
+PARAMS = ("seed", "model", "task", "sample", "security")
 
 
 def _args(p: argparse.ArgumentParser) -> None:
@@ -56,13 +35,13 @@ def main(argv: list[str] | None = None) -> None:
         sampler = open_sampler(args.model, params.sample, params.security, args.base, params.model, args.engine)
         df = sample(sampler, prompts, params.sample, derive_seed(params.seed, "sample", args.iteration),
                     task_for(params.task))
-        prov = stage_provenance("sample", args.iteration, params, ("seed", "model", "sample", "security"), [args.out])
+        prov = stage_provenance("sample", args.iteration, params, PARAMS, [args.out])
         prov["backend"] = sampler.backend
         if getattr(sampler, "compute_type", None):
             prov["compute_type"] = sampler.compute_type
         art.write_table(df, args.out, art.SAMPLES, prov)
 
-    run_stage("sample", _args, body, argv)
+    run_stage("sample", _args, body, argv, reads=PARAMS)
 
 
 if __name__ == "__main__":

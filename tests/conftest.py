@@ -44,7 +44,7 @@ def tiny_full() -> dict:
 
 @pytest.fixture(scope="session")
 def tok():
-    from stages.lib.models import build_char_tokenizer
+    from self_improve.models.loading import build_char_tokenizer
 
     return build_char_tokenizer()
 
@@ -52,9 +52,9 @@ def tok():
 @pytest.fixture(scope="session")
 def trained(tok):
     """A tiny model trained a little so its greedy outputs depend on the prompt (do not train it further)."""
-    from stages.lib.config import ModelShape
-    from stages.lib.models import build_tiny_model
-    from stages.lib.training import Schedule, train_sft
+    from self_improve.config import ModelShape
+    from self_improve.models.loading import build_tiny_model
+    from self_improve.training.trainers import Schedule, train_sft
 
     model = build_tiny_model(ModelShape(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tok, 0)
     prompts = [f"{a}+{b}=" for a in range(10, 40) for b in range(10, 20)]

@@ -7,13 +7,13 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from self_improve.config import SampleBackend, SampleConfig
+from self_improve.engines.ct2 import ct2_unavailable
+from self_improve.engines.hf import SamplingSpec, encode_for_training, generate, memory_cap, score
+from self_improve.engines.sampler import HFSampler, open_sampler, resolve_backend, vllm_unavailable
+from self_improve.errors import ConfigError, PipelineError
+from self_improve.models.loading import save_model
 from stages import sample as sample_stage
-from stages.lib.backends import HFSampler, open_sampler, resolve_backend, vllm_unavailable
-from stages.lib.ct2 import ct2_unavailable
-from stages.lib.config import SampleBackend, SampleConfig
-from stages.lib.errors import ConfigError, PipelineError
-from stages.lib.generation import SamplingSpec, encode_for_training, generate, memory_cap, score
-from stages.lib.models import save_model
 
 NO_VLLM = vllm_unavailable()
 
@@ -30,7 +30,7 @@ def test_auto_takes_vllm_then_ct2_then_hf(model_dir, monkeypatch):
         want = SampleBackend.hf if ct2_unavailable() else SampleBackend.ct2
         assert resolve_backend(SampleBackend.auto) == want
         assert open_sampler(model_dir, SampleConfig()).backend == want.value
-        monkeypatch.setattr("stages.lib.backends.ct2_unavailable", lambda: "not installed")
+        monkeypatch.setattr("self_improve.engines.sampler.ct2_unavailable", lambda: "not installed")
         assert resolve_backend(SampleBackend.auto) == SampleBackend.hf
         assert open_sampler(model_dir, SampleConfig()).backend == "hf"
     else:
@@ -47,7 +47,7 @@ def test_vllm_refused_with_the_reason_and_nothing_written(model_dir, tmp_path, t
     params.write_text(yaml.safe_dump(tiny_raw))
     import pandas as pd
 
-    from stages.lib import artifacts as art
+    from self_improve import artifacts as art
 
     prompts = pd.DataFrame([{"iteration": "it1", "prompt_id": "p/v0", "group_id": "p", "variant": 0,
                              "source": "ttt", "category": "c", "prompt": "12+34=", "answer": "46"}])
@@ -74,7 +74,7 @@ def test_vllm_greedy_matches_hf(model_dir, tok, trained):
 
 
 def test_vllm_engines_split_the_gpus_and_the_prompts_in_order():
-    from stages.lib.backends import engine_plan, split_evenly
+    from self_improve.engines.sampler import engine_plan, split_evenly
 
     gpus = ["0", "1", "2", "3"]
     assert engine_plan(gpus, 1, 0) == [["0"], ["1"], ["2"], ["3"]]  # data parallel: one engine per GPU
@@ -93,7 +93,7 @@ def test_vllm_engines_split_the_gpus_and_the_prompts_in_order():
 @pytest.mark.skipif(bool(NO_VLLM) or torch.cuda.device_count() < 2,
                     reason=f"vllm data parallel needs vllm and 2 GPUs: {NO_VLLM or 'fewer than 2 GPUs'}")
 def test_vllm_data_parallel_samples_what_one_engine_samples(model_dir):
-    from stages.lib.config import VllmConfig
+    from self_improve.config import VllmConfig
 
     prompts = [f"{10 + i}+{20 + i}=" for i in range(9)]
     spec = SamplingSpec(n=2, temperature=1.0, max_new_tokens=4)
@@ -106,7 +106,7 @@ def test_vllm_data_parallel_samples_what_one_engine_samples(model_dir):
 def test_sample_stage_records_the_backend(model_dir, tmp_path, tiny_raw, monkeypatch):
     import pandas as pd
 
-    from stages.lib import artifacts as art
+    from self_improve import artifacts as art
 
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(tiny_raw))
@@ -128,7 +128,7 @@ def test_memory_cap_shrinks_with_length_and_bounds_the_batch(trained, tok, monke
     spec = SamplingSpec(n=1, greedy=True, max_new_tokens=4, batch_size=64)
     free = generate(trained, tok, prompts, spec, seed=0, progress=False)
     # with almost no free memory each call holds one prompt: same greedy answers
-    monkeypatch.setattr("stages.lib.generation._free_bytes", lambda device: 1)
+    monkeypatch.setattr("self_improve.engines.hf._free_bytes", lambda device: 1)
     assert generate(trained, tok, prompts, spec, seed=0, progress=False) == free
 
 

@@ -1,13 +1,13 @@
-"""Choosing an iteration without labels (stages/lib/choice.py): the signals on known answers, the
+"""Choosing an iteration without labels (self_improve/choice.py): the signals on known answers, the
 rule on known histories, the rewrites evaluate asks the second wording with."""
 
 import pandas as pd
 import pytest
 
-from stages.evaluate import rewritten
-from stages.lib.choice import VIEW_SET, per_problem, recommend, signals
-from stages.lib.config import TaskConfig
-from stages.lib.tasks import task_for
+from self_improve.choice import VIEW_SET, per_problem, recommend, signals
+from self_improve.config import TaskConfig
+from self_improve.evaluation import rewritten
+from self_improve.tasks import task_for
 
 
 def _eval(preds, views, valid=None, frozen=None, restates=None):

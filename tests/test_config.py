@@ -1,7 +1,7 @@
 import pytest
 import yaml
 
-from stages.lib.config import ConfigError, load_params, parse_params
+from self_improve.config import ConfigError, load_params, parse_params
 
 from .conftest import ROOT
 
@@ -63,7 +63,7 @@ def test_every_enum_value_survives_an_unquoted_yaml_rewrite():
 
     import yaml
 
-    from stages.lib import config
+    from self_improve import config
 
     enums = [e for e in vars(config).values() if isinstance(e, type) and issubclass(e, enum.Enum) and e is not enum.Enum]
     assert enums

@@ -1,4 +1,4 @@
-"""Importing `stages` holds torch to its AVX2 kernels on x86, so a seed gives the same bytes on an
+"""Importing `self_improve` (and so any stage) holds torch to its AVX2 kernels on x86, so a seed gives the same bytes on an
 AVX2 and an AVX-512 machine; `SELF_IMPROVE_CPU_ISA=native` opts out."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from stages import _has_avx2
+from self_improve.cpu import _has_avx2
 
 from .conftest import ROOT
 

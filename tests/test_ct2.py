@@ -9,15 +9,15 @@ import pandas as pd
 import pytest
 import yaml
 
+from self_improve import artifacts as art
+from self_improve.config import Ct2Config, SampleConfig
+from self_improve.engines.ct2 import CT2Sampler, common_prefix, convert, ct2_unavailable, read_engine
+from self_improve.engines.hf import SamplingSpec, generate
+from self_improve.engines.sampler import open_sampler
+from self_improve.errors import ConfigError
+from self_improve.models.loading import save_model
 from stages import engine as engine_stage
 from stages import sample as sample_stage
-from stages.lib import artifacts as art
-from stages.lib.backends import open_sampler
-from stages.lib.config import Ct2Config, SampleConfig
-from stages.lib.ct2 import CT2Sampler, common_prefix, convert, ct2_unavailable, read_engine
-from stages.lib.errors import ConfigError
-from stages.lib.generation import SamplingSpec, generate
-from stages.lib.models import save_model
 
 pytestmark = pytest.mark.skipif(bool(ct2_unavailable()), reason=f"{ct2_unavailable()}")
 

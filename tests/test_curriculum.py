@@ -8,7 +8,7 @@ import random
 import pandas as pd
 import pytest
 
-from stages.lib.curriculum import (
+from self_improve.curriculum import (
     NO_CATEGORY,
     BanditState,
     allocate,
@@ -17,7 +17,7 @@ from stages.lib.curriculum import (
     probabilities,
     update,
 )
-from stages.lib.errors import ArtifactError, ConfigError
+from self_improve.errors import ArtifactError, ConfigError
 
 
 def test_initial_state_is_uniform():

@@ -3,31 +3,61 @@
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
+import pytest
 import yaml
 
 from .conftest import ROOT
 
+PACKAGES = ("self_improve", "stages")
+
+
+def _module_file(name: str) -> Path | None:
+    """The repo file of a dotted module name (a module or a package's __init__.py), None outside the repo."""
+    if name.split(".")[0] not in PACKAGES:
+        return None
+    base = ROOT.joinpath(*name.split("."))
+    for target in (base.with_suffix(".py"), base / "__init__.py"):
+        if target.is_file():
+            return target
+    return None
+
+
+def _defines_something(path: Path) -> bool:
+    """False for a package's __init__.py that holds only its docstring: importing it runs nothing."""
+    body = ast.parse(path.read_text()).body
+    return any(not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)) for n in body)
+
+
+def _imported_names(mod: Path, node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    if node.level:
+        package = mod.parent.relative_to(ROOT).parts
+        package = package[: len(package) - (node.level - 1)]
+        prefix = ".".join(package + ((node.module,) if node.module else ()))
+    else:
+        prefix = node.module
+    return [prefix] + [f"{prefix}.{a.name}" for a in node.names]
+
 
 def _imports(path: Path) -> set[str]:
-    """Repo modules (as paths) that `path` imports, directly or through other repo modules."""
+    """Repo modules (as paths) that `path` imports, directly or through other repo modules, with the
+    packages above each (importing a module runs its packages' __init__.py first)."""
     seen: set[str] = set()
     todo = [path]
     while todo:
         mod = todo.pop()
         for node in ast.walk(ast.parse(mod.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level:
-                base = mod.parent
-                for _ in range(node.level - 1):
-                    base = base.parent
-                names = [node.module] if node.module else []
-                names += [f"{node.module}.{a.name}" if node.module else a.name for a in node.names]
-                for name in names:
-                    target = base.joinpath(*name.split(".")).with_suffix(".py")
-                    if not target.is_file():  # a package
-                        target = base.joinpath(*name.split("."), "__init__.py")
-                    if not target.is_file() or not target.read_text().strip():
+            for name in _imported_names(mod, node):
+                parts = name.split(".")
+                for i in range(1, len(parts) + 1):
+                    target = _module_file(".".join(parts[:i]))
+                    if target is None or not _defines_something(target):
                         continue
                     rel = str(target.relative_to(ROOT))
                     if rel not in seen:
@@ -53,9 +83,70 @@ def test_every_stage_depends_on_the_modules_it_imports():
         assert not missing, f"{name}: dvc.yaml deps lack {sorted(missing)}"
 
 
-def test_every_stage_depends_on_the_package_that_pins_the_cpu_kernels():
-    """stages/__init__.py runs before any stage module and picks the kernels torch uses: a change to
-    it changes outputs, so every stage declares it."""
+def test_every_stage_depends_on_the_module_that_pins_the_cpu_kernels():
+    """self_improve/cpu.py runs before any stage module (stages/__init__.py imports the library) and
+    picks the kernels torch uses: a change to it changes outputs, so every stage declares it."""
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     for name, spec in stages.items():
-        assert "stages/__init__.py" in spec.get("do", spec)["deps"], name
+        deps = spec.get("do", spec)["deps"]
+        assert {"stages/__init__.py", "self_improve/__init__.py", "self_improve/cpu.py"} <= set(deps), name
+
+
+def _declared(module: str, stage: str) -> tuple[str, ...]:
+    mod = importlib.import_module(module)
+    if stage == "evaluate_base":
+        return mod.BASE_PARAMS
+    return mod.PARAMS
+
+
+def test_each_stage_declares_the_params_dvc_yaml_gives_it():
+    """One declaration per stage (its module's PARAMS): dvc.yaml's params list is the same set, so a
+    change to a key the stage reads reruns it, and a key it does not read does not."""
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    for name, spec in stages.items():
+        spec = spec.get("do", spec)
+        module = spec["cmd"].split()[2]
+        if module == "stages.check_params":  # reads the whole file, declared as a file dep
+            assert "params.yaml" in spec["deps"]
+            continue
+        assert sorted(_declared(module, name)) == sorted(spec.get("params", [])), name
+
+
+def test_a_stage_that_reads_an_undeclared_key_stops_naming_it(tmp_path, capsys):
+    """A stage sees only its declared keys: reading another one stops it (exit 2) with the key named,
+    and its provenance records exactly the declared keys."""
+    from self_improve.cli import run_stage, stage_provenance
+    from self_improve.config import SampleConfig
+
+    from .conftest import tiny_full
+
+    raw = tiny_full()
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(yaml.safe_dump(raw))
+    seen = {}
+
+    def body(args, params):
+        seen["k"] = params.sample.k  # declared through its section
+        seen["is_sample_config"] = isinstance(params.sample, SampleConfig)
+        seen["index"] = params.iteration_index("it1")  # a method runs on the params themselves
+        seen["prov"] = stage_provenance("probe", "it1", params, None, [])["params"]
+        seen["lr"] = params.train.lr  # not declared
+
+    with pytest.raises(SystemExit) as exit_:
+        run_stage("probe", lambda p: None, body, ["--params", str(params_file)], reads=("seed", "sample.k"))
+    assert exit_.value.code == 2
+    assert "read params key train, which it does not declare" in capsys.readouterr().err
+    assert seen == {"k": raw["sample"]["k"], "is_sample_config": True, "index": 1,
+                    "prov": {"seed": raw["seed"], "sample.k": raw["sample"]["k"]}}
+
+
+def test_no_stage_depends_on_library_modules_it_does_not_import():
+    """The other way round: a library module a stage never imports is not its dep, so an edit to it
+    reruns nothing it cannot change."""
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    for name, spec in stages.items():
+        spec = spec.get("do", spec)
+        path = ROOT.joinpath(*spec["cmd"].split()[2].split(".")).with_suffix(".py")
+        imported = _imports(path)
+        extra = [d for d in spec["deps"] if d.startswith("self_improve/") and d.endswith(".py") and d not in imported]
+        assert not extra, f"{name}: dvc.yaml deps name {extra}, which it does not import"

@@ -1,19 +1,25 @@
 """The label-free rules, each on a known input with a known output: ScPO's vote share and vote-margin
 weights, RESTRAIN's gate, Self-Harmony's cross-view label, the validity check, the frozen judge."""
 
-import random
 
 import pandas as pd
 import pytest
 import torch
 
-from stages.lib.config import JudgeConfig, PairsConfig, TaskConfig
-from stages.lib.judges import (JudgeContext, ModelHandle, answer_scores, frozen_weights, harmonic_scores,
-                               judge_samples, top_answer)
-from stages.lib.losses import dpo_loss, weighted_mean, with_nll
-from stages.lib.tasks import task_for
-from stages.lib.validity import copied_sentence, false_calculation, invalid_reason, numbers
-from stages.pairs import build
+from self_improve.config import JudgeConfig, PairsConfig, TaskConfig
+from self_improve.judges.core import (
+    JudgeContext,
+    ModelHandle,
+    answer_scores,
+    frozen_weights,
+    harmonic_scores,
+    judge_samples,
+    top_answer,
+)
+from self_improve.judges.validity import copied_sentence, false_calculation, invalid_reason, numbers
+from self_improve.pairs import build
+from self_improve.tasks import task_for
+from self_improve.training.losses import dpo_loss, weighted_mean, with_nll
 
 QUESTION = "Tom has 9 marbles. He buys 3 more marbles. How many marbles does Tom have now?"
 
@@ -172,11 +178,11 @@ def test_frozen_weights_move_the_label_to_the_answer_the_frozen_judge_believes()
 
 
 def test_frozen_judge_scores_with_the_base_model_on_real_samples(bpe_model_dir):
-    from stages.lib.models import load_model
-    from stages.lib.rubric import load_template
+    from self_improve.judges.rubric import load_template
+    from self_improve.models.loading import load_model
 
     handle = ModelHandle(*load_model(bpe_model_dir))
-    template = load_template("stages/templates/judge_correct.txt")
+    template = load_template("self_improve/templates/judge_correct.txt")
     s = _samples(["12", "12", "9", "12"], responses=["12", "The answer is 12.", "9", "twelve: 12"])
     ctx = JudgeContext(frozen=handle, frozen_template=template, progress=False)
     out = judge_samples(s, JudgeConfig(method="vote_share", frozen="yes_logprob"), ctx)
@@ -193,7 +199,7 @@ def test_frozen_judge_scores_with_the_base_model_on_real_samples(bpe_model_dir):
 def test_a_loop_with_the_label_free_rules_on_a_chat_model(tmp_path_factory, bpe_model_dir):
     """ScPO's vote share with its gate and margin weights, the validity check and the frozen judge,
     through every stage of a real loop (DPO on a chat model, word problems, no maj@k)."""
-    from stages.lib import artifacts as art
+    from self_improve import artifacts as art
     from tests.test_tasks import _loop
 
     work = _loop(tmp_path_factory, bpe_model_dir, "label-free", {
@@ -224,7 +230,7 @@ def test_a_loop_with_the_label_free_rules_on_a_chat_model(tmp_path_factory, bpe_
 
 
 def test_vote_signals_read_without_gold():
-    from stages.evaluate import vote_signals
+    from self_improve.evaluation import vote_signals
 
     s = _samples(["5", "5", "7", None, "5", "5", "5", "5"], variants=[0, 0, 0, 0, 1, 1, 1, 1])
     s = s.assign(prompt_id=[f"v{v}" for v in s["variant"]])
@@ -249,12 +255,12 @@ def test_low_consensus_prompts_are_skipped_or_penalised():
     pen = judge_samples(s, JudgeConfig(method="majority_vote", min_share=0.6, low_consensus="penalise"))
     assert list(pen["reward"]) == [0.0] * 4 + [1.0, 1.0, 1.0, 0.0]
     assert list(pen["penalised"]) == [True] * 4 + [False] * 4 and pen["label"][:4].isna().all()
-    from stages.pairs import groups
+    from self_improve.pairs import groups
 
     g = groups(pen, penalty=0.5)
     assert (g.loc[g["prompt_id"] == "split", "advantage"] == -0.5).all()
     assert g.loc[g["prompt_id"] == "clear", "advantage"].sum() == pytest.approx(0.0)
-    from stages.train import nft_data
+    from self_improve.training.iteration import nft_data
 
     data = nft_data(g, 0.5)
     split_rows = data[data["prompt_id"] == "split"]
@@ -270,7 +276,7 @@ def pairs_of(judged):
 
 
 def test_the_gate_rises_every_iteration_by_its_step():
-    from stages.lib.config import parse_params
+    from self_improve.config import parse_params
     from tests.conftest import TINY
 
     params = parse_params({**TINY, "judge": {**TINY.get("judge", {}), "min_share": 0.5, "min_share_step": 0.2}})
@@ -280,7 +286,7 @@ def test_the_gate_rises_every_iteration_by_its_step():
 
 
 def test_a_slowly_moving_judge_is_part_of_the_way_from_it0_to_the_policy(bpe_model_dir):
-    from stages.lib.models import interpolate_weights, load_model
+    from self_improve.models.loading import interpolate_weights, load_model
 
     base, _ = load_model(bpe_model_dir, device="cpu")
     policy, _ = load_model(bpe_model_dir, device="cpu")

@@ -8,8 +8,16 @@ import statistics
 import pytest
 import torch
 
-from stages.lib.losses import cream_loss, dpo_loss, grpo_loss, ipo_loss, sft_loss, spin_loss, with_nll
-from stages.pairs import group_advantages
+from self_improve.pairs import group_advantages
+from self_improve.training.losses import (
+    cream_loss,
+    dpo_loss,
+    grpo_loss,
+    ipo_loss,
+    sft_loss,
+    spin_loss,
+    with_nll,
+)
 
 F64 = torch.float64
 
@@ -228,7 +236,7 @@ def test_grpo_on_policy_is_minus_token_weighted_advantage():
 
 
 def test_nft_matches_a_hand_computed_case():
-    from stages.lib.losses import nft_loss
+    from self_improve.training.losses import nft_loss
 
     # one token each; right sample R = 2, wrong sample R = 0.5, r_q = 0.5, omega = 1 - r_q = 0.5
     logps = torch.tensor([[math.log(2.0)], [math.log(0.5)]], dtype=F64, requires_grad=True)
@@ -244,7 +252,7 @@ def test_nft_matches_a_hand_computed_case():
 
 
 def test_nft_floor_keeps_the_gradient_below_eps():
-    from stages.lib.losses import nft_loss
+    from self_improve.training.losses import nft_loss
 
     # wrong sample pushed up to R = 1.8 with r_q = 0.5: proxy 0.2 < eps 1, value log(1) = 0, gradient of x kept
     logps = torch.tensor([[math.log(1.8)]], dtype=F64, requires_grad=True)
@@ -258,7 +266,7 @@ def test_nft_floor_keeps_the_gradient_below_eps():
 
 def test_nft_on_policy_gradient_is_grpo_with_unnormalised_advantages():
     """The paper's Prop. 4.2: at R = 1, NFT's gradient (omega = 1 - r_q) is GRPO's with A = label - r_q."""
-    from stages.lib.losses import nft_loss
+    from self_improve.training.losses import nft_loss
 
     g = torch.Generator().manual_seed(0)
     logps = (-torch.rand(4, 5, generator=g, dtype=F64) * 3)
@@ -272,7 +280,7 @@ def test_nft_on_policy_gradient_is_grpo_with_unnormalised_advantages():
 
 
 def test_nft_without_negatives_is_rejection_sampling_fine_tuning():
-    from stages.lib.losses import nft_loss
+    from self_improve.training.losses import nft_loss
 
     g = torch.Generator().manual_seed(1)
     logps = (-torch.rand(3, 4, generator=g, dtype=F64) * 2)
@@ -292,7 +300,7 @@ def test_nft_without_negatives_is_rejection_sampling_fine_tuning():
 
 
 def test_nft_weights_and_rate_clamp():
-    from stages.lib.losses import nft_weights
+    from self_improve.training.losses import nft_weights
 
     r = torch.tensor([0.0, 0.5, 1.0])
     assert nft_weights(r).tolist() == pytest.approx([0.98, 0.5, 0.02])

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from stages.lib import artifacts as art
+from self_improve import artifacts as art
 
 from .conftest import deep_merge
 from .test_pipeline import run_all
@@ -77,7 +77,7 @@ def test_every_method_runs_the_loop(variant_run):
         assert (per.mean().abs() < 1e-9).all() and (per.std() > 0).all()
         assert {"clip_fraction", "kl"} <= set(art.read_json(root / "data/it1/train_metrics.json"))
     elif name == "nft":
-        from stages.train import nft_data
+        from self_improve.training.iteration import nft_data
 
         data = nft_data(_read(root, "it1", "groups", art.GROUPS), 0.5)
         assert len(data) > 0 and ((data["rate"] > 0) & (data["rate"] < 1)).all()
@@ -97,7 +97,7 @@ def test_instruction_prompt_file_loop_with_llm_judge(tmp_path, tiny_raw, monkeyp
     from .conftest import ROOT
 
     raw = deep_merge(tiny_raw, {
-        "task": {"name": "prompts", "prompt_file": str(ROOT / "data/instructions.jsonl")},
+        "task": {"name": "prompts", "prompt_file": str(ROOT / "data/inputs/instructions.jsonl")},
         "judge": {"method": "llm_judge", "max_prompts": 4, "judgments": 2, "max_new_tokens": 12},
         "sample": {"max_new_tokens": 12},
         "evolve": {"strategy": "eva", "keep_top": 3},
@@ -132,9 +132,9 @@ def _user_prompts() -> pd.DataFrame:
 
 
 def test_eva_on_a_prompt_file_adds_filtered_model_rewrites_of_the_informative_prompts():
-    from stages.lib.config import EvolveConfig, TaskConfig
-    from stages.lib.curriculum import initial_state
-    from stages.lib.tasks import ProposeInput, task_for
+    from self_improve.config import EvolveConfig, TaskConfig
+    from self_improve.curriculum import initial_state
+    from self_improve.tasks import ProposeInput, task_for
 
     ttt = _user_prompts()
     judged = ttt.loc[ttt.index.repeat(2)].reset_index(drop=True)
@@ -157,9 +157,9 @@ def test_eva_on_a_prompt_file_adds_filtered_model_rewrites_of_the_informative_pr
 
 
 def test_sec_on_a_prompt_file_draws_prompts_by_category():
-    from stages.lib.config import EvolveConfig, TaskConfig
-    from stages.lib.curriculum import BanditState
-    from stages.lib.tasks import ProposeInput, task_for
+    from self_improve.config import EvolveConfig, TaskConfig
+    from self_improve.curriculum import BanditState
+    from self_improve.tasks import ProposeInput, task_for
 
     ttt = _user_prompts()
     state = BanditState(q={"explain": 5.0, "list": 0.0, "synonym": 0.0}, temperature=0.1)
@@ -200,8 +200,8 @@ def test_fixed_poses_the_same_prompt_set_every_iteration(tmp_path, tiny_raw, mon
         assert set(df["iteration"]) == {it}
         pd.testing.assert_frame_equal(df.drop(columns="iteration"), sets[0].drop(columns="iteration"))
 
-    from stages.lib.config import EvolveConfig, TaskConfig
-    from stages.lib.tasks import ProposeInput, task_for
+    from self_improve.config import EvolveConfig, TaskConfig
+    from self_improve.tasks import ProposeInput, task_for
 
     task = task_for(TaskConfig(**tiny_raw["task"]))
     heldout = art.read_table(tmp_path / "data/task/heldout.parquet", art.PROMPTS)
@@ -214,7 +214,7 @@ def test_fixed_poses_the_same_prompt_set_every_iteration(tmp_path, tiny_raw, mon
 
 
 def test_nft_labels_samples_and_drops_prompts_that_all_agree():
-    from stages.train import nft_data
+    from self_improve.training.iteration import nft_data
 
     groups = pd.DataFrame({
         "prompt_id": ["a", "a", "a", "a", "b", "b"], "reward": [1.0, 0.8, 0.2, 1.0, 1.0, 0.9],

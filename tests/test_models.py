@@ -3,12 +3,11 @@
 import pytest
 import torch
 
-from stages.lib.config import LoraConfig
-from stages.lib.generation import SamplingSpec, encode_for_training, generate, token_logprobs
-from stages.lib.models import (attach_lora, check_model_dir,
-                               load_model, merge_lora, save_model)
-from stages.lib.artifacts import ArtifactError
-from stages.lib.training import Schedule, train_sft
+from self_improve.artifacts import ArtifactError
+from self_improve.config import LoraConfig
+from self_improve.engines.hf import SamplingSpec, encode_for_training, generate, token_logprobs
+from self_improve.models.loading import attach_lora, check_model_dir, load_model, merge_lora, save_model
+from self_improve.training.trainers import Schedule, train_sft
 
 
 def test_char_tokenizer_roundtrip(tok):

@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from flows.dag import stage_commands as dag_commands
+from self_improve import artifacts as art
+from self_improve.engines.ct2 import ct2_unavailable
 from stages import check_params, engine, evaluate, evolve, judge, pairs, prepare, report, sample, train
-from stages.lib import artifacts as art
-from stages.lib.ct2 import ct2_unavailable
 
 from .conftest import ROOT
 

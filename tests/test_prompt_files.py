@@ -10,8 +10,8 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from stages.lib.errors import ConfigError
-from stages.lib.prompt_files import (
+from self_improve.errors import ConfigError
+from self_improve.tasks.prompt_files import (
     REWRITE_TEMPLATE,
     filter_rewrites,
     load_prompt_file,
@@ -163,7 +163,7 @@ def test_valid_parquet_loads_with_numeric_answers(tmp_path):
 
 
 def test_repo_instructions_file_loads():
-    path = ROOT / "data" / "instructions.jsonl"
+    path = ROOT / "data" / "inputs" / "instructions.jsonl"
     df, skipped = load_prompt_file(path)
     lines = [line for line in path.read_text().splitlines() if line.strip()]
     assert skipped == {} and len(df) == len(lines) == 41

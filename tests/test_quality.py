@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stages.lib.quality import consistency_from_tau, kendall_tau, reward_hacking_alarm, roc_auc, win_rate
+from self_improve.quality import consistency_from_tau, kendall_tau, reward_hacking_alarm, roc_auc, win_rate
 
 
 def test_roc_auc_by_hand():
@@ -175,7 +175,7 @@ def test_alarm_quiet_when_healthy_or_missing_values_or_standard_errors():
 
 
 def test_standard_errors_by_hand():
-    from stages.lib.quality import auc_se, binomial_se, cluster_se
+    from self_improve.quality import auc_se, binomial_se, cluster_se
 
     assert binomial_se(0.5, 100) == pytest.approx(0.05)
     assert binomial_se(None, 10) is None and binomial_se(0.5, 0) is None
@@ -254,7 +254,7 @@ def test_the_report_raises_the_alarm_for_a_hacked_history_and_only_then(tmp_path
 
 
 def test_paired_gain_on_known_answers():
-    from stages.lib.quality import paired_gain
+    from self_improve.quality import paired_gain
 
     g = paired_gain([1, 0, 1, 0, None], [1, 1, 1, 0, 1])  # the fifth problem has no answer before: left out
     assert g["gain"] == pytest.approx(0.25) and g["n"] == 4
@@ -267,7 +267,7 @@ def test_paired_gain_on_known_answers():
 
 def test_paired_interval_is_narrower_than_the_two_runs_noise():
     """Two runs that share most answers: their difference is known far better than either binomial s.e. says."""
-    from stages.lib.quality import binomial_se, paired_gain
+    from self_improve.quality import binomial_se, paired_gain
 
     before = [1] * 50 + [0] * 50
     after = [1] * 50 + [1] * 10 + [0] * 40  # ten more right, none lost

@@ -14,14 +14,22 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from stages import export, prepare
-from stages.lib import artifacts as art
-from stages.lib.chat import ChatFormat
-from stages.lib.config import LoraConfig
-from stages.lib.generation import (SamplingSpec, chat_format, collate, encode_rows, generate,
-                                   selective_log_softmax, token_logprobs)
-from stages.lib.models import attach_lora, load_model
-from stages.lib.training import Schedule, train_sft
+from self_improve import artifacts as art
+from self_improve.chat import ChatFormat
+from self_improve.config import LoraConfig
+from self_improve.engines.hf import (
+    SamplingSpec,
+    chat_format,
+    collate,
+    encode_rows,
+    generate,
+    selective_log_softmax,
+    token_logprobs,
+)
+from self_improve.models import export
+from self_improve.models.loading import attach_lora, load_model
+from self_improve.training.trainers import Schedule, train_sft
+from stages import prepare
 
 from .conftest import ROOT, deep_merge
 from .test_pipeline import run_all, stage_argv
@@ -207,13 +215,13 @@ def test_adapter_chain_equals_the_merged_export(pretrained_loop, tmp_path, monke
 
 
 def test_export_recommended_takes_the_iteration_the_report_recommends(pretrained_loop, tmp_path, monkeypatch, capsys):
-    from stages.lib.choice import recommend
-    from stages.report import history, load_iterations
+    from self_improve.choice import recommend
+    from self_improve.iterations import history, load_iterations
 
     work, params, _ = pretrained_loop
     shutil.copy(ROOT / "dvc.yaml", work / "dvc.yaml")
     monkeypatch.chdir(work)
-    from stages.lib.config import load_params
+    from self_improve.config import load_params
 
     rec = recommend(history(load_iterations(work / "reports/iterations", load_params(params))[0]))
     assert f"**Recommended: {rec['iteration']}**" in (work / "reports/summary.md").read_text()
@@ -286,11 +294,11 @@ def test_bad_model_base_is_refused_before_any_work(tmp_path, tiny_raw, bpe_model
 
 
 def test_adapters_merge_as_peft_merges_them(bpe_model_dir, tmp_path):
-    """stages/lib/models.py merges plain LoRA adapters itself (peft's import costs seconds per
+    """self_improve/models/loading.py merges plain LoRA adapters itself (peft's import costs seconds per
     stage): the result equals peft's own adapted model, for two adapters applied in turn."""
     from peft import PeftModel
 
-    from stages.lib.models import apply_adapters
+    from self_improve.models.loading import apply_adapters
 
     model, tok = load_model(bpe_model_dir, device="cpu")
     ids = torch.tensor([chat_format(model, tok).prompt_ids("12+34=") + [5, 6, 7]])

@@ -4,10 +4,10 @@ seeded, bad datasets refused before any stage runs, and a loop on a chat model."
 import pytest
 import yaml
 
-from stages.lib import artifacts as art
-from stages.lib.config import TaskConfig
-from stages.lib.errors import ConfigError
-from stages.lib.tasks import task_for
+from self_improve import artifacts as art
+from self_improve.config import TaskConfig
+from self_improve.errors import ConfigError
+from self_improve.tasks import task_for
 
 pytest.importorskip("reasoning_gym")
 

@@ -12,7 +12,7 @@ import string
 
 import pytest
 
-from stages.lib.rubric import (
+from self_improve.judges.rubric import (
     TEMPLATE_PATH,
     escape_delimiters,
     load_template,

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from scripts.seeds import ROOT, load_variants, mean_sd, table
-from stages.lib.config import ConfigError, parse_params
+from self_improve.config import ConfigError, parse_params
 
 
 def _override(raw: dict, item: str) -> dict:

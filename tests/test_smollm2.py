@@ -11,10 +11,10 @@ import pytest
 import torch
 import yaml
 
+from self_improve import artifacts as art
+from self_improve.engines.hf import chat_format
+from self_improve.models.loading import load_model
 from stages import evaluate, evolve, judge, pairs, prepare, sample, train
-from stages.lib import artifacts as art
-from stages.lib.generation import chat_format
-from stages.lib.models import load_model
 
 from .conftest import ROOT, TINY, deep_merge
 

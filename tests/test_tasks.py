@@ -11,12 +11,12 @@ import pytest
 import torch
 import yaml
 
-from stages.lib import artifacts as art
-from stages.lib.config import EvolveConfig, JudgeConfig, TaskConfig
-from stages.lib.errors import ConfigError
-from stages.lib.tasks import ProposeInput, task_for
-from stages.lib.tasks.answers import Extracted, equivalent, extract, gold_answer, normalise
-from stages.lib.tasks.word_math import Generator, WordProblem, parse
+from self_improve import artifacts as art
+from self_improve.config import EvolveConfig, JudgeConfig, TaskConfig
+from self_improve.errors import ConfigError
+from self_improve.tasks import ProposeInput, task_for
+from self_improve.tasks.answers import Extracted, equivalent, extract, gold_answer, normalise
+from self_improve.tasks.word_math import Generator, WordProblem, parse
 
 from .conftest import ROOT, TINY, deep_merge
 from .test_pipeline import run_all
@@ -163,9 +163,9 @@ def test_word_math_instruction_line_is_shown_and_parsed_back():
 
 # --- the user's GSM8K / MATH files ----------------------------------------------------------------------
 
-GSM8K = {"name": "math_file", "prompt_file": str(ROOT / "tasks/gsm8k_sample.jsonl"),
+GSM8K = {"name": "math_file", "prompt_file": str(ROOT / "data/inputs/gsm8k_sample.jsonl"),
          "columns": {"prompt": "question", "answer": "answer"}}
-MATH = {"name": "math_file", "prompt_file": str(ROOT / "tasks/math_sample.jsonl"),
+MATH = {"name": "math_file", "prompt_file": str(ROOT / "data/inputs/math_sample.jsonl"),
         "columns": {"prompt": "problem", "answer": "solution", "category": "type"}}
 
 
@@ -191,7 +191,7 @@ def test_gold_solutions_fed_back_as_responses_are_all_verified_right(task):
     ('not json', "row 2: not valid JSON"),
 ])
 def test_a_malformed_math_file_is_refused_naming_file_row_and_column(tmp_path, line, where):
-    from stages.lib.errors import ConfigError
+    from self_improve.errors import ConfigError
 
     f = tmp_path / "gsm.jsonl"
     f.write_text('{"question": "What is 2+3?", "answer": "2+3=5\\n#### 5"}\n' + line + "\n")
@@ -201,7 +201,7 @@ def test_a_malformed_math_file_is_refused_naming_file_row_and_column(tmp_path, l
 
 
 def test_a_separate_heldout_file_is_held_out_and_never_trained_on(tmp_path):
-    rows = [json.loads(line) for line in open(ROOT / "tasks/gsm8k_sample.jsonl")]
+    rows = [json.loads(line) for line in open(ROOT / "data/inputs/gsm8k_sample.jsonl")]
     held = tmp_path / "held.jsonl"
     held.write_text("".join(json.dumps(r) + "\n" for r in rows[:3]))
     sets = task_for(TaskConfig(**GSM8K, heldout_file=str(held))).sets(0, 0)
@@ -289,8 +289,8 @@ def test_co_reward_on_a_math_file_asks_the_model_for_paraphrases(tmp_path_factor
 # --- log-prob judges ----------------------------------------------------------------------------------------
 
 def test_next_token_probs_match_a_plain_forward_pass_whatever_the_batch(bpe_model_dir):
-    from stages.lib.generation import chat_format, label_token_ids, next_token_probs
-    from stages.lib.models import load_model
+    from self_improve.engines.hf import chat_format, label_token_ids, next_token_probs
+    from self_improve.models.loading import load_model
 
     model, tok = load_model(bpe_model_dir, device="cpu")
     turns = ["1+2=", "Is 23+45=68 right?", "99+99="]
@@ -308,11 +308,11 @@ def test_next_token_probs_match_a_plain_forward_pass_whatever_the_batch(bpe_mode
 
 
 def test_score_logprob_is_the_expected_rubric_score(bpe_model_dir):
-    from stages.lib.judges import REGISTRY, JudgeContext, ModelHandle
-    from stages.lib.config import JudgeMethod
-    from stages.lib.generation import next_token_probs
-    from stages.lib.models import load_model
-    from stages.lib.rubric import render
+    from self_improve.config import JudgeMethod
+    from self_improve.engines.hf import next_token_probs
+    from self_improve.judges.core import REGISTRY, JudgeContext, ModelHandle
+    from self_improve.judges.rubric import render
+    from self_improve.models.loading import load_model
 
     model, tok = load_model(bpe_model_dir, device="cpu")
     template = "Rate 1 to 5: {instruction} <response>{response}</response>"  # the rubric is too long for this model
@@ -336,8 +336,8 @@ def test_score_logprob_is_the_expected_rubric_score(bpe_model_dir):
     ("judge", {"mode": "vibes"}, "judge.mode: Input should be 'generate', 'score_logprob' or 'yes_logprob'"),
 ])
 def test_bad_task_and_judge_values_are_refused_naming_the_key(section, value, message):
-    from stages.lib.config import load_params, parse_params
-    from stages.lib.errors import ConfigError
+    from self_improve.config import load_params, parse_params
+    from self_improve.errors import ConfigError
 
     raw = load_params(ROOT / "params.yaml").model_dump(mode="json")
     raw[section] = {**raw[section], **value}

@@ -16,8 +16,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from stages.lib import artifacts as art
-from stages.lib.models import save_model
+from self_improve import artifacts as art
+from self_improve.models.loading import save_model
 
 from .conftest import ROOT, TINY, deep_merge
 
@@ -50,7 +50,7 @@ def _outs(d: Path, name: str) -> list[str]:
 
 def _weights(d: Path, name: str) -> dict[str, torch.Tensor]:
     """The weights of the stage's output: the start model with the iteration's adapter merged."""
-    from stages.lib.models import load_model
+    from self_improve.models.loading import load_model
 
     return load_model(d / name / "model", device="cpu", base=d / "start")[0].state_dict()
 
@@ -86,7 +86,7 @@ def test_killed_training_resumes_from_its_checkpoint(train_inputs):
     assert all(torch.allclose(whole[k], resumed[k], atol=1e-6) for k in whole)
     assert (d / "cut" / "ckpt" / "done.json").is_file() and not state.exists()
     # a checkpoint written for other inputs or params, or a torn one, is not resumed
-    from stages.lib.training import Checkpoints
+    from self_improve.training.trainers import Checkpoints
 
     Checkpoints(d / "other", "inputs-a", 1).save({"step": 3})
     assert Checkpoints(d / "other", "inputs-a", 1).load()["step"] == 3
@@ -195,8 +195,8 @@ def test_a_launcher_config_that_does_not_exist_is_refused_before_training(train_
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="DeepSpeed is refused only without a GPU")
 def test_deepspeed_without_a_gpu_is_refused_not_trained_as_ddp(monkeypatch):
-    from stages.lib.distributed import make_accelerator
-    from stages.lib.errors import ConfigError
+    from self_improve.distributed import make_accelerator
+    from self_improve.errors import ConfigError
 
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")  # what `accelerate launch` sets for a DeepSpeed config
     with pytest.raises(ConfigError, match="asks for DeepSpeed, which accelerate runs on GPUs only"):

@@ -5,11 +5,12 @@ import random
 import pandas as pd
 import pytest
 
-from stages.lib import artifacts as art
-from stages.lib.config import JudgeConfig, PairsConfig, TaskConfig
-from stages.lib.judges import judge_quality, judge_samples, vote_label
-from stages.lib.tasks.arithmetic import ArithmeticTask, Problem, extract_answer, verify
-from stages.pairs import build
+from self_improve import artifacts as art
+from self_improve.config import JudgeConfig, PairsConfig, TaskConfig
+from self_improve.judges.core import JudgeContext, judge_quality, judge_samples, vote_label
+from self_improve.pairs import build
+from self_improve.tasks import arithmetic
+from self_improve.tasks.arithmetic import ArithmeticTask, Problem, extract_answer, verify
 
 
 def test_extract_and_verify():
@@ -75,13 +76,15 @@ def test_majority_vote_and_co_reward():
     # per prompt: v0's majority is the wrong "5", v1's is "7"
     assert list(mv["label"]) == ["5", "5", "5", "7", "7", "7"]
     assert list(mv["reward"]) == [1.0, 1.0, 0.0, 1.0, 1.0, 0.0]
-    co = judge_samples(s, JudgeConfig(method="co_reward"))
+    assert mv["correct"].isna().all()  # no task's check given: no ground truth to compare with
+    co = judge_samples(s, JudgeConfig(method="co_reward"), JudgeContext(verify=arithmetic.verify))
     # pooled over the rewrites, "7" wins 3 to 2, so v0's wrong majority is overruled
     assert set(co["label"]) == {"7"}
     assert list(co["reward"]) == [0.0, 0.0, 1.0, 1.0, 1.0, 0.0]
     assert list(co["correct"]) == [0.0, 0.0, 1.0, 1.0, 1.0, 0.0]
-    q = judge_quality(co)
+    q = judge_quality(co, verify=arithmetic.verify)
     assert q["judge_accuracy"] == 1.0 and q["label_accuracy"] == 1.0
+    assert judge_quality(co)["label_accuracy"] is None  # no judge assumes one task's check
 
 
 def test_self_judges_never_see_ground_truth():
@@ -89,8 +92,10 @@ def test_self_judges_never_see_ground_truth():
     out = judge_samples(s, JudgeConfig(method="majority_vote"))
     assert out["reward"].isna().all()  # a tie: no verdict, and the answer "2" is not used
     assert out["label"].isna().all()
-    ver = judge_samples(s, JudgeConfig(method="verifier"))
+    ver = judge_samples(s, JudgeConfig(method="verifier"), JudgeContext(verify=arithmetic.verify))
     assert list(ver["reward"]) == [0.0, 0.0]
+    with pytest.raises(ValueError, match="verifier needs the task's check"):
+        judge_samples(s, JudgeConfig(method="verifier"))
 
 
 def _judged(rewards, responses=None, prompt="p"):

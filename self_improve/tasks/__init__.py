@@ -1,0 +1,36 @@
+"""Tasks: one module each, one interface (base.Task) that every stage uses.
+
+- `arithmetic`: two-digit addition for the embedded character-level model (the default);
+- `word_math`: procedural grade-school word problems, the real-model default;
+- `math_file`: the user's GSM8K- or MATH-style file;
+- `instructions` (earlier `prompts`): the user's open prompts, answers optional;
+- `reasoning_gym`: reasoning-gym's procedural datasets, graded by their own scorers (optional extra).
+"""
+
+from __future__ import annotations
+
+from self_improve.config import TaskConfig, TaskName
+from self_improve.tasks.answers import Extracted, equivalent, extract, gold_answer, normalise
+from self_improve.tasks.arithmetic import ArithmeticTask, Problem
+from self_improve.tasks.base import ProposeInput, Task, TaskSets
+from self_improve.tasks.files import FileTask
+from self_improve.tasks.word_math import WordMathTask
+
+__all__ = ["ArithmeticTask", "Extracted", "FileTask", "Problem", "ProposeInput", "Task", "TaskSets",
+           "WordMathTask", "equivalent", "extract", "gold_answer", "normalise", "task_for"]
+
+
+def task_for(cfg: TaskConfig) -> Task:
+    """The task that `task.name` names, configured by the rest of the `task` section."""
+    kind = cfg.kind
+    if kind == TaskName.arithmetic:
+        return ArithmeticTask(cfg)
+    if kind == TaskName.word_math:
+        return WordMathTask(cfg)
+    if kind == TaskName.reasoning_gym:
+        from self_improve.tasks.reasoning_gym import (
+            ReasoningGymTask,  # the optional package, imported only here
+        )
+
+        return ReasoningGymTask(cfg)
+    return FileTask(cfg)

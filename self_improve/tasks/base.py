@@ -1,0 +1,168 @@
+"""The Task interface: what every stage asks of a task, so that no stage branches on its name.
+
+A task owns its prompt sets (held-out, test-time, the seed data with gold solutions), how a
+question is shown to the model, how a final answer is read from a response (`extract`) and checked
+against the gold (`verify`), its categories (the curriculum's arms) and how an iteration's prompts
+are proposed from the previous iteration's judgments, equivalent rewrites (co_reward) included.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Protocol
+
+import pandas as pd
+
+from self_improve import artifacts as art
+from self_improve.config import EvolveConfig, EvolveStrategy
+from self_improve.curriculum import NO_CATEGORY, BanditState, allocate
+from self_improve.tasks.answers import Extracted
+
+# `write(prompts, n) -> n texts per prompt`: the current model writing text (rewrites, paraphrases)
+Writer = Callable[[list[str], int], list[list[str]]]
+
+
+@dataclass
+class TaskSets:
+    heldout: pd.DataFrame  # PROMPTS: never a training prompt, in any wording
+    ttt: pd.DataFrame  # PROMPTS: the loop may train on their prompts, answers only measure
+    seed: pd.DataFrame  # SFT: prompts with gold solutions (the builtin model's warm-up, SPIN's references)
+
+
+@dataclass
+class ProposeInput:
+    """What an iteration's prompts are proposed from."""
+
+    cfg: EvolveConfig
+    iteration: str
+    seed: int
+    ttt: pd.DataFrame
+    heldout: pd.DataFrame
+    prev_judgments: pd.DataFrame
+    curriculum: Optional[BanditState] = None
+    seed_data: Optional[pd.DataFrame] = None
+    seed_prompts: int = 0
+    rewrites: bool = True  # the judge compares equivalent rewrites (co_reward): make them
+    writer: Optional[Writer] = None  # the current model, for tasks whose rewrites it writes
+    stats: dict = field(default_factory=dict)  # what the proposal did, for provenance and metrics
+
+
+class Task(Protocol):
+    name: str
+    open_ended: bool  # open prompts: judged by the rubric, compared by win rate
+
+    def sets(self, seed: int, train_size: int) -> TaskSets: ...
+
+    def categories(self, sets: TaskSets) -> list[str]: ...
+
+    def warmup(self, seed: int, train_size: int, sets: TaskSets) -> pd.DataFrame: ...
+
+    def propose(self, inp: ProposeInput) -> pd.DataFrame: ...
+
+    def extract(self, response: str | None) -> Extracted: ...
+
+    def verify(self, answer: str | None, gold: str | None, category: str | None = None) -> float | None: ...
+    # `category`: the problem's (a task whose problems are graded by their source, reasoning_gym)
+
+
+def prompt_rows(iteration: str, gid: str, source: str, category: str | None,
+                variants: list[tuple[str, str | None]]) -> list[dict]:
+    """PROMPTS rows of one problem: variant 0 as posed, then its equivalent rewrites."""
+    return [{"iteration": iteration, "prompt_id": f"{gid}/v{v}", "group_id": gid, "variant": v,
+             "source": source, "category": category, "prompt": prompt, "answer": answer}
+            for v, (prompt, answer) in enumerate(variants)]
+
+
+def frame(rows: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=art.PROMPTS.names)
+
+
+def seed_frame(prompts: list[str], responses: list[str]) -> pd.DataFrame:
+    """SFT rows of the seed data (it0): each prompt with its known-good response."""
+    return pd.DataFrame({"iteration": "it0", "prompt_id": [f"seed-{i:05d}" for i in range(len(prompts))],
+                         "prompt": prompts, "response": responses, "reward": None, "correct": 1.0})
+
+
+def informativeness(judgments: pd.DataFrame) -> pd.Series:
+    """Per problem (group): standard deviation of its self-judged rewards; NaN if unjudged."""
+    if judgments.empty:
+        return pd.Series(dtype=float)
+    scored = judgments.dropna(subset=["reward"])
+    return scored.assign(reward=scored["reward"].astype(float)).groupby("group_id")["reward"].std(ddof=0)
+
+
+def most_informative(judgments: pd.DataFrame, n: int) -> list[str]:
+    """Prompts (variant 0) of the `n` problems with the largest reward spread, spread > 0 only."""
+    spread = informativeness(judgments)
+    spread = spread[spread > 0]
+    if spread.empty or n == 0:
+        return []
+    ranked = spread.reset_index().sort_values(["reward", "group_id"], ascending=[False, True])
+    top = set(ranked["group_id"].head(n))
+    base = judgments[(judgments["variant"] == 0) & judgments["group_id"].isin(top)]
+    return sorted(base["prompt"].unique())
+
+
+class ProceduralTask:
+    """A task that generates its problems: fresh draws, mutations (eva), draws by category (sec).
+
+    Subclasses give `parse(prompt) -> problem`, `fresh(rng, n | {category: n}, forbidden, taken)`,
+    `mutate(problem, rng, forbidden)` and `rewrites(problem, n, rng, forbidden)`; a problem has
+    `prompt`, `answer`, `category` and `key` (the same key: the same problem in any wording).
+    """
+
+    name = "procedural"
+    open_ended = False
+
+    def propose(self, inp: ProposeInput) -> pd.DataFrame:
+        cfg = inp.cfg
+        # `fixed` gets the same seed every iteration (stages/evolve.py): the same draws, the same ids
+        rng = random.Random(inp.seed)
+        tag = "fixed" if cfg.strategy == EvolveStrategy.fixed else inp.iteration
+        forbidden = {self.parse(p).key for p in inp.heldout["prompt"]}
+        taken: set = set()
+        problems: list[tuple[str, str, object]] = []  # (group_id, source, problem)
+
+        def take(group_id: str, source: str, p) -> None:
+            if p not in taken and p.key not in forbidden:
+                taken.add(p)
+                problems.append((group_id, source, p))
+
+        if cfg.include_ttt:
+            for gid, prompt in zip(inp.ttt["group_id"], inp.ttt["prompt"]):
+                take(gid, "ttt", self.parse(prompt))
+        if cfg.strategy == EvolveStrategy.eva:
+            for i, prompt in enumerate(most_informative(inp.prev_judgments, cfg.keep_top)):
+                q = self.mutate(self.parse(prompt), rng, forbidden)
+                if q is not None:
+                    take(f"{inp.iteration}-evolved-{i:05d}", "evolved", q)
+        seeds: list = []
+        if inp.seed_prompts and inp.seed_data is not None and len(inp.seed_data):
+            posed = sorted(set(inp.seed_data["prompt"]))
+            for prompt in rng.sample(posed, min(inp.seed_prompts, len(posed))):
+                p = self.parse(prompt)
+                if p not in taken and p.key not in forbidden:
+                    taken.add(p)
+                    seeds.append(p)
+        if cfg.strategy == EvolveStrategy.sec:
+            if inp.curriculum is None:
+                raise ValueError("sec needs the curriculum state")
+            fresh = self.fresh(rng, allocate(inp.curriculum, cfg.fresh, rng), forbidden, taken)
+        else:
+            fresh = self.fresh(rng, cfg.fresh, forbidden, taken)
+        for i, p in enumerate(fresh):
+            take(f"{tag}-fresh-{i:05d}", "fresh", p)
+
+        rows: list[dict] = []
+        for i, p in enumerate(seeds):  # SPIN: as posed in the seed data, no rewrites
+            rows += prompt_rows(inp.iteration, f"{tag}-seed-{i:05d}", "seed", p.category,
+                                [(p.prompt, p.answer)])
+        for gid, source, p in problems:
+            variants = [p] + self.rewrites(p, cfg.rewrites, rng, forbidden)
+            rows += prompt_rows(inp.iteration, gid, source, p.category, [(q.prompt, q.answer) for q in variants])
+        return frame(rows)
+
+
+def by_category(ttt: pd.DataFrame) -> list[str]:
+    return sorted(set(ttt["category"].fillna(NO_CATEGORY)))

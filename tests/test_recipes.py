@@ -1,0 +1,70 @@
+"""Recipes as files (configs/recipes/): one parser, one flattener, the same -S arguments everywhere."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from self_improve import recipes
+from self_improve.config import ConfigError, parse_params
+
+from .conftest import ROOT
+
+
+@pytest.mark.parametrize("name", ["smollm2-v1", "smollm2-v2"])
+def test_a_recipe_is_valid_params_and_its_set_args_read_back_as_its_values(name, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    overrides = recipes.load(name)
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = parse_params(recipes.apply(raw, overrides), name)
+    assert params.model.base == "models/smollm2-135m-instruct" and params.task.name.value == "word_math"
+    args = recipes.set_args(overrides)
+    assert args[::2] == ["-S"] * len(overrides)
+    assert dict(map(recipes.parse_assignment, args[1::2])) == overrides  # DVC reads back what the file says
+
+
+def test_the_v2_recipe_sizes(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    v2 = recipes.load("smollm2-v2")
+    assert (v2["task.heldout_size"], v2["task.ttt_size"], v2["sample.k"], v2["task.instruction"]) == \
+        (512, 128, 8, "Answer with the final number only.")
+
+
+def test_overrides_nest_and_bad_ones_are_named():
+    raw = {"train": {"lr": 0.1}}
+    out = recipes.apply(raw, ["train.lora.r=8", "task.datasets=[{name: chain_sum}]", "seed=3"])
+    assert out == {"train": {"lr": 0.1, "lora": {"r": 8}}, "task": {"datasets": [{"name": "chain_sum"}]}, "seed": 3}
+    assert raw == {"train": {"lr": 0.1}}  # a copy
+    with pytest.raises(ConfigError, match="expected key=value"):
+        recipes.parse_assignment("train.lr")
+    with pytest.raises(ConfigError, match="train.lr.x: lr is a value"):
+        recipes.apply(raw, ["train.lr.x=1"])
+    with pytest.raises(ConfigError, match="recipe nope: .*not found .*smollm2-v2"):
+        recipes.load("nope")
+
+
+def test_render_gives_what_yaml_reads_back():
+    for value in ["Answer with the final number only.", "yes", "0.3", "a: b", 0.0002, 8, True, None,
+                  [{"name": "chain_sum", "config": {"min_terms": 2}}], {"a": [1, 2]}]:
+        assert yaml.safe_load(recipes.render(value)) == value, value
+
+
+def test_the_command_prints_the_recipe_with_overrides_on_top():
+    out = subprocess.run([sys.executable, "-m", "self_improve.recipes", "smollm2-v2", "-S", "sample.backend=hf"],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    args = shlex.split(out)
+    got = dict(map(recipes.parse_assignment, args[1::2]))
+    assert got["sample.backend"] == "hf" and got["task.instruction"] == "Answer with the final number only."
+
+
+def test_the_flow_applies_a_recipe_then_its_own_overrides(monkeypatch):
+    from flows.loop import apply_overrides
+
+    monkeypatch.chdir(ROOT)
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    out = apply_overrides(raw, {"temperature": 0.7}, "smollm2-v2")
+    assert out["sample"]["temperature"] == 0.7 and out["sample"]["k"] == 8 and out["task"]["heldout_size"] == 512
