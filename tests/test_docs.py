@@ -1,0 +1,219 @@
+"""The documentation: README.md (the front door) and docs/*.md.
+
+Fast and without torch: the generated parameter reference is current, every relative link and
+anchor resolves, and the results README.md shows are the figures in the reports/ files it names.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+PAGES = [README, *sorted(DOCS.glob("*.md"))]
+
+LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+HEADING = re.compile(r"(#{1,6})\s+(.*?)\s*#*\s*$")
+
+
+def _prose(text: str) -> list[tuple[int, str]]:
+    """(line number, line) outside fenced code blocks, inline code spans blanked."""
+    out, fence = [], None
+    for n, line in enumerate(text.splitlines(), 1):
+        stripped = line.lstrip()
+        marker = re.match(r"(`{3,}|~{3,})", stripped)
+        if marker:
+            if fence is None:
+                fence = marker.group(1)[0]
+            elif marker.group(1)[0] == fence:
+                fence = None
+            continue
+        if fence is None:
+            out.append((n, re.sub(r"`+[^`]*`+", lambda m: "`" * len(m.group(0)), line)))
+    return out
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lowercase, punctuation dropped (word characters, hyphens and
+    spaces kept), spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    """Every heading's anchor in a markdown file, repeated headings numbered as GitHub does."""
+    seen: dict[str, int] = {}
+    out = set()
+    fence = None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        marker = re.match(r"\s*(`{3,}|~{3,})", line)
+        if marker:
+            ch = marker.group(1)[0]
+            fence = ch if fence is None else (None if ch == fence else fence)
+            continue
+        match = HEADING.match(line) if fence is None else None
+        if not match:
+            continue
+        base = slug(match.group(2))
+        count = seen.get(base, 0)
+        seen[base] = count + 1
+        out.add(base if count == 0 else f"{base}-{count}")
+    return out
+
+
+def links(path: Path) -> list[tuple[int, str]]:
+    text = path.read_text(encoding="utf-8")
+    return [(n, m.group(1)) for n, line in _prose(text) for m in LINK.finditer(line)]
+
+
+def test_parameter_reference_is_generated_from_the_schema():
+    from scripts.docs import parameters_markdown
+
+    page = DOCS / "parameters.md"
+    assert page.exists(), "docs/parameters.md is missing: run `python -m scripts.docs`"
+    assert page.read_text(encoding="utf-8") == parameters_markdown(), (
+        "docs/parameters.md is not what self_improve/config.py generates: run `python -m scripts.docs`"
+    )
+
+
+def test_the_parameter_reference_covers_every_section():
+    from self_improve.config import Params
+
+    text = (DOCS / "parameters.md").read_text(encoding="utf-8")
+    for name in Params.model_fields:
+        assert f"`{name}" in text, name
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(page: Path):
+    bad = []
+    for n, target in links(page):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target, re.I):  # http(s)://, mailto:, ...
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        if not dest.exists():
+            bad.append(f"{page.name}:{n}: {target}: no such file")
+            continue
+        if anchor:
+            if dest.suffix != ".md":
+                bad.append(f"{page.name}:{n}: {target}: an anchor into a file that is not markdown")
+            elif anchor not in anchors(dest):
+                bad.append(f"{page.name}:{n}: {target}: no heading #{anchor} in {dest.relative_to(ROOT)}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_slug_rule():
+    assert slug("Real tasks on a real model: does self-judging work?") == (
+        "real-tasks-on-a-real-model-does-self-judging-work")
+    assert slug("Training: checkpoints and scale-out") == "training-checkpoints-and-scale-out"
+    assert slug("`task.on_error`") == "taskon_error"
+
+
+def test_every_docs_page_is_in_the_index_and_the_front_door():
+    index = {t for _, t in links(DOCS / "README.md")}
+    front = {t for _, t in links(README)}
+    for page in sorted(DOCS.glob("*.md")):
+        if page.name == "README.md":
+            continue
+        assert page.name in index, f"docs/README.md does not list {page.name}"
+        assert f"docs/{page.name}" in front, f"README.md does not link docs/{page.name}"
+
+
+def test_readme_is_a_front_door():
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 150, f"README.md has {len(lines)} lines; move detail to docs/"
+
+
+# --- the results README.md shows are the reports' figures ---------------------------------------
+
+
+def _cells(row: str) -> list[str]:
+    return [c.strip() for c in row.strip().strip("|").split("|")]
+
+
+def _tables(lines: list[str]) -> list[tuple[int, list[str]]]:
+    """(index of the first line, the table's lines) for each markdown table in `lines`."""
+    out, start = [], None
+    for i, line in enumerate(lines + [""]):
+        if line.startswith("|") and start is None:
+            start = i
+        elif not line.startswith("|") and start is not None:
+            out.append((start, lines[start:i]))
+            start = None
+    return out
+
+
+def _section(text: str, title: str) -> list[str]:
+    lines = text.splitlines()
+    start = lines.index(f"## {title}")
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return lines[start + 1:end]
+
+
+def _figure(cell: str) -> str:
+    """A cell as the reports write it: README may bold a figure or sign a gain."""
+    return re.sub(r"^\+(?=\d)", "", cell.replace("**", "").strip())
+
+
+def _report_rows(path: Path) -> list[dict[str, str]]:
+    rows = []
+    for _, table in _tables(path.read_text(encoding="utf-8").splitlines()):
+        header = _cells(table[0])
+        for line in table[2:]:
+            rows.append(dict(zip(header, _cells(line))))
+    return rows
+
+
+def _transposed_matches(table: list[str], report: dict[str, str]) -> list[str]:
+    """README's table turned on its side: its rows name a measure (`held-out acc`), its columns an
+    iteration (`it1`) or the gain (`gain it0 -> it3`), and each cell must be the report's cell in
+    column `<measure> <column>` (`held-out it1`), the report's per-seed values allowed after it."""
+    header = _cells(table[0])
+    wrong = []
+    for line in table[2:]:
+        cells = _cells(line)
+        measure = re.sub(r"\s+acc$", "", cells[0])
+        for col, cell in zip(header[1:], cells[1:]):
+            if not cell:
+                continue
+            name = f"{measure} {col.replace(' -> ', '->')}"
+            if name not in report:
+                wrong.append(f"{cells[0]} / {col}: the report has no column {name!r}")
+            elif report[name] != _figure(cell) and not report[name].startswith(_figure(cell) + " ("):
+                wrong.append(f"{cells[0]} / {col}: README {cell!r}, report {report[name]!r}")
+    return wrong
+
+
+def test_readme_results_are_the_reports_figures():
+    """Each results table in README.md names the reports/ file it comes from (the last reports/
+    link before it); each of its rows is a row of that file verbatim, or, for a table turned on
+    its side, every cell is the figure in the matching column of one row of that file."""
+    section = _section(README.read_text(encoding="utf-8"), "Results")
+    tables = _tables(section)
+    assert len(tables) >= 2, "README.md's Results should show the tiny model's and SmolLM2's tables"
+    sources = []
+    prev_end = 0
+    for start, table in tables:
+        before = "\n".join(section[prev_end:start])
+        prev_end = start + len(table)
+        named = re.findall(r"\]\((reports/[^)#\s]+\.md)\)", before)
+        assert named, f"no reports/ file named before the table {table[0]!r}"
+        source = ROOT / named[-1]
+        assert source.exists(), f"{named[-1]} does not exist"
+        sources.append(named[-1])
+        report_lines = set(source.read_text(encoding="utf-8").splitlines())
+        if table[0] in report_lines:  # the report's own columns: its rows, verbatim
+            missing = [line for line in table[2:] if line not in report_lines]
+            assert not missing, f"rows of README.md that are not rows of {named[-1]}:\n" + "\n".join(missing)
+            continue
+        problems = sorted((_transposed_matches(table, row), row.get("variant", "?"))
+                          for row in _report_rows(source))
+        assert problems, f"{named[-1]} has no table"
+        wrong, nearest = min(problems, key=lambda p: len(p[0]))
+        assert not wrong, (f"README's table {table[0]!r} is no row of {named[-1]}; nearest, row "
+                           f"{nearest}:\n  " + "\n  ".join(wrong))
+    assert any("seeds" in s for s in sources) and any("smollm2" in s for s in sources), sources
