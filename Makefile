@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: vllm-env vllm-server install loop seeds variants loop-smollm2 loops-smollm2 gap-smollm2 lengths-smollm2 gym-levels-smollm2 print-smol-recipe flow deploy worker serve test test-e2e test-slow smollm2 bench bench-real mlflow-ui mlflow-server mlflow-resend clean-state
+.PHONY: vllm-env vllm-server install loop seeds variants loop-smollm2 loops-smollm2 gap-smollm2 lengths-smollm2 gym-levels-smollm2 print-smol-recipe flow deploy worker serve test test-unit test-e2e test-slow smollm2 bench bench-real mlflow-ui mlflow-server mlflow-resend clean-state
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -39,6 +39,9 @@ serve: install  ## serve the loop as a deployment for the Prefect UI (needs PREF
 
 test: install  ## the default suite: units and the in-process pipeline on the tiny model (about 6 min)
 	$(PY) -m pytest
+
+test-unit: install  ## the fast tier: units only, no whole loops (about a minute)
+	$(PY) -m pytest -m unit
 
 test-e2e: install  ## real `dvc repro`, kills, bad params, MLflow and Prefect runs on a tiny config (about 28 min)
 	$(PY) -m pytest -m e2e

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import copy
 import shutil
 import subprocess
@@ -132,3 +133,52 @@ def build_bpe_chat_model(path: Path, seed: int = 0) -> Path:
 @pytest.fixture(scope="session")
 def bpe_model_dir(tmp_path_factory) -> Path:
     return build_bpe_chat_model(tmp_path_factory.mktemp("pretrained") / "bpe-chat")
+
+
+def defines_something(path: Path) -> bool:
+    """False for a package's __init__.py that holds only its docstring: importing it runs nothing."""
+    body = ast.parse(path.read_text()).body
+    return any(not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)) for n in body)
+
+
+# The in-process loop: every stage's main() with the arguments dvc.yaml gives, in DAG order.
+def stage_modules() -> dict:
+    from stages import check_params, engine, evaluate, evolve, judge, pairs, prepare, report, sample, train
+
+    return {m.__name__.split(".")[-1]: m for m in (check_params, prepare, engine, evolve, sample, judge, pairs,
+                                                    train, evaluate, report)}
+
+
+def stage_commands() -> list[list[str]]:
+    """The stage commands of dvc.yaml, in DAG order, with `foreach` unrolled."""
+    from flows.dag import stage_commands as dag_commands
+
+    return [argv for _, argv in dag_commands(ROOT)]
+
+
+def stage_argv(name: str) -> list[str]:
+    """One stage's arguments as dvc.yaml gives them (after `python -m stages.<module>`)."""
+    from flows.dag import stage_commands as dag_commands
+
+    return next(argv[3:] for stage, argv in dag_commands(ROOT) if stage == name)
+
+
+def run_all(workdir: Path, params: Path, monkeypatch) -> None:
+    modules = stage_modules()
+    monkeypatch.chdir(workdir)
+    for cmd in stage_commands():
+        assert cmd[:2] == ["python", "-m"]
+        modules[cmd[2].split(".")[1]].main(cmd[3:] + ["--params", str(params)])
+
+
+# Tiers: `unit` (pure functions and single stages, seconds), `loop` (whole loops in-process on tiny
+# models, the bulk of `make test`'s time), `e2e` (real dvc, MLflow, Prefect) and `slow` (SmolLM2).
+LOOP_FIXTURES = {"variant_run", "pretrained_loop"}  # fixtures that run whole loops
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if LOOP_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.loop)
+        if not any(item.get_closest_marker(m) for m in ("loop", "e2e", "slow")):
+            item.add_marker(pytest.mark.unit)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import ROOT
+from .conftest import ROOT, defines_something
 
 PACKAGES = ("self_improve", "stages")
 
@@ -23,12 +23,6 @@ def _module_file(name: str) -> Path | None:
         if target.is_file():
             return target
     return None
-
-
-def _defines_something(path: Path) -> bool:
-    """False for a package's __init__.py that holds only its docstring: importing it runs nothing."""
-    body = ast.parse(path.read_text()).body
-    return any(not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)) for n in body)
 
 
 def _imported_names(mod: Path, node: ast.AST) -> list[str]:
@@ -57,7 +51,7 @@ def _imports(path: Path) -> set[str]:
                 parts = name.split(".")
                 for i in range(1, len(parts) + 1):
                     target = _module_file(".".join(parts[:i]))
-                    if target is None or not _defines_something(target):
+                    if target is None or not defines_something(target):
                         continue
                     rel = str(target.relative_to(ROOT))
                     if rel not in seen:

@@ -196,6 +196,7 @@ def test_frozen_judge_scores_with_the_base_model_on_real_samples(bpe_model_dir):
         judge_samples(s, JudgeConfig(method="vote_share", frozen="yes_logprob"), JudgeContext())
 
 
+@pytest.mark.loop
 def test_a_loop_with_the_label_free_rules_on_a_chat_model(tmp_path_factory, bpe_model_dir):
     """ScPO's vote share with its gate and margin weights, the validity check and the frozen judge,
     through every stage of a real loop (DPO on a chat model, word problems, no maj@k)."""

@@ -8,8 +8,7 @@ import yaml
 
 from self_improve import artifacts as art
 
-from .conftest import deep_merge
-from .test_pipeline import run_all
+from .conftest import deep_merge, run_all
 
 VARIANTS = {
     "llm_judge": {"judge": {"method": "llm_judge", "max_prompts": 3, "judgments": 2, "max_new_tokens": 12}},
@@ -92,6 +91,7 @@ def test_every_method_runs_the_loop(variant_run):
         assert "lm_head.weight" in changed and any("embed" in k for k in changed)  # not an adapter
 
 
+@pytest.mark.loop
 def test_instruction_prompt_file_loop_with_llm_judge(tmp_path, tiny_raw, monkeypatch):
     """The shipped instruction file, no answers: llm_judge on the tiny model, eva rewrites, win rate."""
     from .conftest import ROOT
@@ -187,6 +187,7 @@ def test_a_malformed_prompt_file_stops_prepare_naming_the_row(tmp_path, tiny_raw
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.jsonl", "params.yaml"]
 
 
+@pytest.mark.loop
 def test_fixed_poses_the_same_prompt_set_every_iteration(tmp_path, tiny_raw, monkeypatch):
     """`evolve.strategy: fixed` (with co_reward's rewrites and SPIN-style seed prompts): every
     iteration's prompts.parquet holds the same rows, ids and rewrites included; only `iteration`

@@ -2,40 +2,20 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 import pytest
 import yaml
 
-from flows.dag import stage_commands as dag_commands
 from self_improve import artifacts as art
 from self_improve.engines.ct2 import ct2_unavailable
-from stages import check_params, engine, evaluate, evolve, judge, pairs, prepare, report, sample, train
+from stages import judge, prepare
 
-from .conftest import ROOT
+from .conftest import run_all, stage_argv, stage_commands, stage_modules
 
-MODULES = {m.__name__.split(".")[-1]: m for m in (check_params, prepare, engine, evolve, sample, judge, pairs, train,
-                                                  evaluate, report)}
-
-
-def stage_commands() -> list[list[str]]:
-    """The stage commands of dvc.yaml, in DAG order, with `foreach` unrolled."""
-    return [argv for _, argv in dag_commands(ROOT)]
+MODULES = stage_modules()
 
 
-def stage_argv(name: str) -> list[str]:
-    """One stage's arguments as dvc.yaml gives them (after `python -m stages.<module>`)."""
-    return next(argv[3:] for stage, argv in dag_commands(ROOT) if stage == name)
-
-
-def run_all(workdir: Path, params: Path, monkeypatch) -> None:
-    monkeypatch.chdir(workdir)
-    for cmd in stage_commands():
-        assert cmd[:2] == ["python", "-m"]
-        MODULES[cmd[2].split(".")[1]].main(cmd[3:] + ["--params", str(params)])
-
-
+@pytest.mark.loop
 def test_whole_loop_in_process(tmp_path, tiny_params_file, monkeypatch, capsys):
     run_all(tmp_path, tiny_params_file, monkeypatch)
     for it in ("it0", "it1", "it2", "it3"):
@@ -91,6 +71,7 @@ def test_whole_loop_in_process(tmp_path, tiny_params_file, monkeypatch, capsys):
                for f in ("accuracy.png", "judge.png", "reward.png"))
 
 
+@pytest.mark.loop
 @pytest.mark.skipif(bool(ct2_unavailable()), reason=f"{ct2_unavailable()}")
 def test_whole_loop_on_ct2(tmp_path, tiny_raw, monkeypatch):
     """sample.backend ct2: each iteration's model converted once (engine stages), then sampled and
@@ -111,6 +92,7 @@ def test_whole_loop_on_ct2(tmp_path, tiny_raw, monkeypatch):
     assert {o: (tmp_path / o).read_bytes() for o in outs} == before
 
 
+@pytest.mark.loop
 def test_stage_rerun_is_byte_identical(tmp_path, tiny_params_file, monkeypatch):
     run_all(tmp_path, tiny_params_file, monkeypatch)
     outs = ["data/it2/prompts.parquet", "data/it2/samples.parquet", "data/it2/judgments.parquet",

@@ -31,8 +31,7 @@ from self_improve.models.loading import attach_lora, load_model
 from self_improve.training.trainers import Schedule, train_sft
 from stages import prepare
 
-from .conftest import ROOT, deep_merge
-from .test_pipeline import run_all, stage_argv
+from .conftest import ROOT, deep_merge, run_all, stage_argv
 
 
 @pytest.fixture(scope="module")

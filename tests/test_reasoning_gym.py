@@ -116,6 +116,7 @@ def test_check_params_refuses_a_bad_dataset_before_any_stage(tmp_path, tiny_raw,
     assert not (tmp_path / "data/params.ok").exists()
 
 
+@pytest.mark.loop
 def test_a_loop_on_reasoning_gym_with_a_chat_model(tmp_path_factory, bpe_model_dir):
     from tests.test_tasks import _loop
 

@@ -22,8 +22,7 @@ from self_improve.models.loading import (
 )
 from stages import judge, prepare
 
-from .conftest import ROOT
-from .test_pipeline import run_all, stage_argv
+from .conftest import ROOT, run_all, stage_argv
 
 # (how params.yaml is broken, what the one-line message must name)
 BAD_PARAMS = [
@@ -179,6 +178,7 @@ def _artifacts(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in files}
 
 
+@pytest.mark.loop
 def test_same_seed_same_bytes_other_seed_other_samples(tmp_path, tiny_raw, monkeypatch):
     runs = {}
     for name, seed in (("a", 0), ("b", 0), ("c", 1)):
@@ -225,6 +225,7 @@ def test_answer_extraction_ignores_injected_text():
 
 # --- concurrency: the MLflow store ---------------------------------------------------------------------
 
+@pytest.mark.loop
 def test_two_loops_logging_at_once_leave_a_sound_mlflow_store(tmp_path):
     import subprocess
     import sys

@@ -18,8 +18,7 @@ from self_improve.tasks import ProposeInput, task_for
 from self_improve.tasks.answers import Extracted, equivalent, extract, gold_answer, normalise
 from self_improve.tasks.word_math import Generator, WordProblem, parse
 
-from .conftest import ROOT, TINY, deep_merge
-from .test_pipeline import run_all
+from .conftest import ROOT, TINY, deep_merge, run_all
 
 # (response, answer, form): verbose chains of thought, several numbers, \boxed{} with fractions,
 # #### with commas, units, negative numbers, no answer
@@ -245,6 +244,7 @@ def _loop(tmp_path_factory, bpe_model_dir, name, over):
     return work
 
 
+@pytest.mark.loop
 def test_word_math_loop_with_co_reward_on_a_chat_model(tmp_path_factory, bpe_model_dir):
     work = _loop(tmp_path_factory, bpe_model_dir, "word-math", {
         "task": {"name": "word_math", "heldout_size": 8, "ttt_size": 8},
@@ -261,6 +261,7 @@ def test_word_math_loop_with_co_reward_on_a_chat_model(tmp_path_factory, bpe_mod
         assert "eval_extract_failure_rate" in m
 
 
+@pytest.mark.loop
 def test_math_file_loop_with_model_paraphrases_and_a_yes_logprob_judge(tmp_path_factory, bpe_model_dir):
     work = _loop(tmp_path_factory, bpe_model_dir, "gsm8k", {
         "task": GSM8K, "evolve": {"fresh": 4, "keep_top": 2, "rewrites": 1},
@@ -276,6 +277,7 @@ def test_math_file_loop_with_model_paraphrases_and_a_yes_logprob_judge(tmp_path_
     assert "accuracy" in m and "win_rate" not in m  # answers: accuracy, not a rubric win rate
 
 
+@pytest.mark.loop
 def test_co_reward_on_a_math_file_asks_the_model_for_paraphrases(tmp_path_factory, bpe_model_dir):
     work = _loop(tmp_path_factory, bpe_model_dir, "gsm8k-co", {
         "task": GSM8K, "evolve": {"strategy": "fixed", "rewrites": 2}, "judge": {"method": "co_reward"}})
