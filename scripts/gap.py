@@ -40,7 +40,7 @@ from self_improve.config import (
     parse_params,
 )
 from self_improve.engines.hf import SamplingSpec
-from self_improve.judges.core import (
+from self_improve.judges import (
     REGISTRY,
     JudgeContext,
     ModelHandle,

@@ -31,7 +31,7 @@ from self_improve.config import (
 )
 from self_improve.engines.hf import SamplingSpec, generate
 from self_improve.engines.sampler import Sampler
-from self_improve.judges.core import (
+from self_improve.judges import (
     REGISTRY,
     JudgeContext,
     ModelHandle,

@@ -29,7 +29,7 @@ from self_improve.evaluation import (
     pair_examples,
     records,
 )
-from self_improve.judges.core import (
+from self_improve.judges import (
     REGISTRY,
     ModelHandle,
     template_path,

@@ -16,7 +16,7 @@ from self_improve import artifacts as art
 from self_improve.cli import derive_seed, run_stage, stage_provenance
 from self_improve.config import Algorithm, FrozenJudge, JudgeMode, Params
 from self_improve.errors import ConfigError
-from self_improve.judges.core import (
+from self_improve.judges import (
     REGISTRY,
     JudgeContext,
     ModelHandle,

@@ -7,16 +7,9 @@ import pytest
 import torch
 
 from self_improve.config import JudgeConfig, PairsConfig, TaskConfig
-from self_improve.judges.core import (
-    JudgeContext,
-    ModelHandle,
-    answer_scores,
-    frozen_weights,
-    harmonic_scores,
-    judge_samples,
-    top_answer,
-)
+from self_improve.judges import JudgeContext, ModelHandle, judge_samples
 from self_improve.judges.validity import copied_sentence, false_calculation, invalid_reason, numbers
+from self_improve.judges.votes import answer_scores, frozen_weights, harmonic_scores, top_answer
 from self_improve.pairs import build
 from self_improve.tasks import task_for
 from self_improve.training.losses import dpo_loss, weighted_mean, with_nll

@@ -312,7 +312,7 @@ def test_next_token_probs_match_a_plain_forward_pass_whatever_the_batch(bpe_mode
 def test_score_logprob_is_the_expected_rubric_score(bpe_model_dir):
     from self_improve.config import JudgeMethod
     from self_improve.engines.hf import next_token_probs
-    from self_improve.judges.core import REGISTRY, JudgeContext, ModelHandle
+    from self_improve.judges import REGISTRY, JudgeContext, ModelHandle
     from self_improve.judges.rubric import render
     from self_improve.models.loading import load_model
 

@@ -7,7 +7,7 @@ import pytest
 
 from self_improve import artifacts as art
 from self_improve.config import JudgeConfig, PairsConfig, TaskConfig
-from self_improve.judges.core import JudgeContext, judge_quality, judge_samples, vote_label
+from self_improve.judges import JudgeContext, judge_quality, judge_samples, vote_label
 from self_improve.pairs import build
 from self_improve.tasks import arithmetic
 from self_improve.tasks.arithmetic import ArithmeticTask, Problem, extract_answer, verify

@@ -1,2 +1,16 @@
-"""Judges: who labels a sample without gold answers (votes, cross-view, self-certainty, the policy as
-a judge, the rubric), the validity check that needs no gold, and the oracle `verifier`."""
+"""Judges: who labels a sample without gold answers, one module per family.
+
+- `base`: what every judge takes and returns (Verdicts, JudgeContext, ModelHandle).
+- `votes`: majority_vote, co_reward, vote_share and the label-free rules they take.
+- `model`: the model as its own judge (llm_judge, self_certainty, implicit_reward).
+- `validity`: the check that needs no gold; `rubric`: the 5-point rubric's template and parser.
+- `registry`: every method with what it needs, `judge_samples`, and judge quality against the
+  oracle `verifier`.
+"""
+
+from self_improve.judges.base import JudgeContext, ModelHandle, Verdicts, template_path
+from self_improve.judges.registry import REGISTRY, Judge, judge_quality, judge_samples
+from self_improve.judges.votes import vote_label
+
+__all__ = ["REGISTRY", "Judge", "JudgeContext", "ModelHandle", "Verdicts", "judge_quality", "judge_samples",
+           "template_path", "vote_label"]

@@ -1,0 +1,96 @@
+"""The vote judges (majority_vote, co_reward, vote_share) and the label-free rules they take: the
+min_share gate and its low-consensus handling, Self-Harmony's cross-view label, the validity check,
+the frozen judge's weights."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Callable, Optional
+
+import pandas as pd
+
+from self_improve.config import CrossView, FrozenJudge, JudgeConfig, LowConsensus
+from self_improve.judges.base import JudgeContext, Verdicts
+
+
+def answer_scores(preds: list[str | None]) -> dict[str, float]:
+    """Each answer's vote share over all `preds` (a sample without an answer counts, voting for none)."""
+    counts = Counter(p for p in preds if p is not None)
+    return {a: c / len(preds) for a, c in counts.items()}
+
+
+def frozen_weights(preds: list[str | None], frozen: list[float | None]) -> dict[str, float]:
+    """Each answer's mean frozen P(Yes) over its samples (0 where none was judged)."""
+    out = {}
+    for a in set(p for p in preds if p is not None):
+        ps = [f for p, f in zip(preds, frozen) if p == a and f is not None]
+        out[a] = sum(ps) / len(ps) if ps else 0.0
+    return out
+
+
+def harmonic_scores(preds: list[str | None], variants: list[int]) -> dict[str, float]:
+    """Self-Harmony: per answer, 2 p0 p1 / (p0 + p1) of its shares p0 among the original wording's
+    samples and p1 among its rewrites' samples; an answer missing from either view scores 0."""
+    views = [[p for p, v in zip(preds, variants) if (v == 0) == original] for original in (True, False)]
+    if not all(views):
+        return {}
+    p0, p1 = (answer_scores(view) for view in views)
+    return {a: 2 * p0[a] * p1[a] / (p0[a] + p1[a]) if a in p0 and a in p1 else 0.0
+            for a in set(p0) | set(p1)}
+
+
+def top_answer(scores: dict[str, float], gate: float, gate_scores: dict[str, float] | None = None) -> str | None:
+    """The highest-scoring answer if it is unique and its gate score (its vote share unless given)
+    reaches `gate`."""
+    if not scores:
+        return None
+    (top, best), *rest = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))
+    if best <= 0 or (rest and rest[0][1] == best):
+        return None  # a tie has no majority
+    if (gate_scores if gate_scores is not None else scores).get(top, 0.0) < gate:
+        return None
+    return top
+
+
+def vote_label(preds: list[str | None], min_share: float) -> str | None:
+    """Plurality answer of `preds` if it is unique and has at least `min_share` of all votes."""
+    return top_answer(answer_scores(preds), min_share)
+
+
+def _vote_by(key: str, share_reward: bool = False) -> Callable[[pd.DataFrame, JudgeConfig, JudgeContext], Verdicts]:
+    """Vote judges over the samples sharing `key`: the label is the top answer (by vote share, by
+    Self-Harmony's cross-view score for co_reward with cross_view harmonic, times the frozen judge's
+    P(Yes) when on). The reward is 1 for agreeing with the label and 0 otherwise, or with
+    `share_reward` (ScPO) the score of the sample's own answer; no label: no verdict."""
+    def judge(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext) -> Verdicts:
+        preds = [p if isinstance(p, str) else None for p in samples["pred"]]
+        frozen = ctx.frozen_yes(samples) if cfg.frozen != FrozenJudge.none else None
+        harmonic = key == "group_id" and cfg.cross_view == CrossView.harmonic
+        label = [None] * len(samples)
+        reward: list[Optional[float]] = [None] * len(samples)
+        penalised = [False] * len(samples)
+        penalise = cfg.low_consensus == LowConsensus.penalise
+        positions: dict[str, list[int]] = {}
+        for i, k in enumerate(samples[key]):
+            positions.setdefault(k, []).append(i)
+        variants = list(samples["variant"]) if harmonic else None
+        for idx in positions.values():
+            ps = [preds[i] for i in idx]
+            fz = [frozen[i] for i in idx] if frozen is not None else None
+            shares = answer_scores(ps)
+            scores = harmonic_scores(ps, [variants[i] for i in idx]) if harmonic else dict(shares)
+            if fz is not None:
+                weights = frozen_weights(ps, fz)
+                scores = {a: s * weights.get(a, 0.0) for a, s in scores.items()}
+            top = top_answer(scores, cfg.min_harmony) if harmonic else top_answer(scores, cfg.min_share, shares)
+            if top is None:
+                if penalise:  # RESTRAIN: a prompt without a trustworthy majority: every sample wrong
+                    for i in idx:
+                        reward[i], penalised[i] = 0.0, True
+                continue
+            for i, p in zip(idx, ps):
+                label[i] = top
+                reward[i] = scores.get(p, 0.0) if share_reward else (1.0 if p == top else 0.0)
+        return Verdicts(reward, label, penalised=penalised)
+
+    return judge
