@@ -135,8 +135,9 @@ def bench_compute(work: Path, device: str, single_prompts: int) -> dict:
     from self_improve.engines.hf import SamplingSpec, encode_for_training, generate, score
     from self_improve.engines.sampler import HFSampler, VLLMSampler, vllm_unavailable
     from self_improve.models.loading import attach_lora, load_model, set_threads
-    from self_improve.training.trainers import Schedule, steps_for, train_sft
     from self_improve.sampling import sample
+    from self_improve.training.loop import Schedule, steps_for
+    from self_improve.training.trainers import RunContext, SFTTrainer
 
     set_threads()
     params = load_params(work / "params.yaml")
@@ -184,8 +185,8 @@ def bench_compute(work: Path, device: str, single_prompts: int) -> dict:
     per_example = float(enc["attention_mask"].sum()) / len(sft)
     torch.manual_seed(0)
     lora_model = attach_lora(load_model(work / "data/it0/model", device=device)[0], tcfg.lora)
-    _, secs = timed(lambda: train_sft(lora_model, tok, list(sft["prompt"]), list(sft["response"]),
-                                      Schedule(tcfg.lr, steps), tcfg.batch_size, 0, tcfg.max_grad_norm))
+    ctx = RunContext(tok, Schedule(tcfg.lr, steps), tcfg.batch_size, 0, max_grad_norm=tcfg.max_grad_norm)
+    _, secs = timed(lambda: SFTTrainer(ctx).train(lora_model, list(sft["prompt"]), list(sft["response"])))
     out["train_raft"] = {"tokens_per_s": round(steps * tcfg.batch_size * per_example / secs), "steps": steps}
 
     prompts = art.read_table(work / "data/it1/prompts.parquet", art.PROMPTS)

@@ -2,7 +2,7 @@
 
     python -m scripts.docs      # rewrite docs/parameters.md (tests/test_docs.py checks it is current)
 
-Walks `Params.model_fields` in `self_improve/config.py` recursively: one heading per section (a
+Walks `Params.model_fields` in `self_improve/config/` recursively: one heading per section (a
 nested pydantic model), one table row per key (dotted, as `dvc exp run -S` takes it) with its type,
 its constraints, its default and its `description`, and at the end every closed choice (an enum)
 with its values and what each means, read from the comments beside them in the source. Only
@@ -32,7 +32,7 @@ HEADER = """\
 # Parameters
 
 Every key of `params.yaml`, generated from the schema in
-[`self_improve/config.py`](../self_improve/config.py) by `python -m scripts.docs` (do not edit by
+[`self_improve/config/`](../self_improve/config/) by `python -m scripts.docs` (do not edit by
 hand: `tests/test_docs.py` checks that this page is current). Keys are dotted as
 `dvc exp run -S KEY=VALUE` takes them. Defaults are the schema's: the committed `params.yaml` sets
 some keys to other values, and a key it leaves out takes the default here. An unknown key, a value

@@ -31,7 +31,8 @@ from self_improve.models.loading import (
     default_device,
 )
 from self_improve.tasks import task_for
-from self_improve.training.trainers import Schedule, TrainLog, train_sft
+from self_improve.training.loop import Schedule, TrainLog
+from self_improve.training.trainers import RunContext, SFTTrainer
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +66,7 @@ def prepare(params: Params, progress: bool = True) -> Prepared:
     n_params = sum(p.numel() for p in model.parameters())
     log.info("base model: %d parameters, %d SFT problems, %d steps", n_params, len(warmup), cfg.steps)
     sched = Schedule(cfg.lr, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
-    train_log = train_sft(
-        model, tokenizer, list(warmup["prompt"]), list(warmup["response"]), sched,
-        cfg.batch_size, derive_seed(params.seed, "prepare-order"), desc="prepare", stop_loss=cfg.stop_loss,
-    )
+    ctx = RunContext(tokenizer, sched, cfg.batch_size, derive_seed(params.seed, "prepare-order"))
+    train_log = SFTTrainer(ctx, desc="prepare", stop_loss=cfg.stop_loss).train(
+        model, list(warmup["prompt"]), list(warmup["response"]))
     return Prepared(sets.heldout, sets.ttt, sets.seed, model, tokenizer, train_log, init_model, None, arms)

@@ -18,7 +18,7 @@ from self_improve.cli import derive_seed, run_stage
 from self_improve.config import Params, TaskName
 from self_improve.tasks import task_for
 
-MARKER = "params.yaml passed self_improve/config.py's checks; its bytes never depend on the params\n"
+MARKER = "params.yaml passed self_improve/config's checks; its bytes never depend on the params\n"
 
 
 def _args(p: argparse.ArgumentParser) -> None:

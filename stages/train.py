@@ -19,9 +19,7 @@ from self_improve.models.loading import (
     set_threads,
 )
 from self_improve.training.iteration import fingerprint, train
-from self_improve.training.trainers import (
-    Checkpoints,
-)
+from self_improve.training.loop import Checkpoints
 
 log = logging.getLogger(__name__)
 

@@ -55,11 +55,12 @@ def trained(tok):
     """A tiny model trained a little so its greedy outputs depend on the prompt (do not train it further)."""
     from self_improve.config import ModelShape
     from self_improve.models.loading import build_tiny_model
-    from self_improve.training.trainers import Schedule, train_sft
+    from self_improve.training.loop import Schedule
+    from self_improve.training.trainers import RunContext, SFTTrainer
 
     model = build_tiny_model(ModelShape(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tok, 0)
     prompts = [f"{a}+{b}=" for a in range(10, 40) for b in range(10, 20)]
-    train_sft(model, tok, prompts, [str(eval(p[:-1])) for p in prompts], Schedule(3e-3, 60), 32, 0)
+    SFTTrainer(RunContext(tok, Schedule(3e-3, 60), 32)).train(model, prompts, [str(eval(p[:-1])) for p in prompts])
     return model
 
 

@@ -31,7 +31,7 @@ def test_tiny_params_load(tiny_raw):
         (lambda r: r["loop"].update(it5={"prev": "it4", "ref": "it2"}), "loop.it5.prev"),
         (lambda r: r["loop"].update(it4={"prev": "it2", "ref": "it1"}), "loop.it4.prev"),
         (lambda r: r["loop"]["it1"].update(prev="base"), "loop.it1.prev"),
-        (lambda r: r["train"].update(algorithm="dpo", kl_beta=-1), "train.kl_beta"),
+        (lambda r: r["train"].update(algorithm="grpo", grpo={"beta": -1}), "train.grpo.beta"),
         (lambda r: r["task"].update(max_operand=5), "task"),
     ],
 )

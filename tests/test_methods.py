@@ -17,7 +17,7 @@ VARIANTS = {
     "ipo": {"train": {"algorithm": "ipo"}},
     "spin": {"train": {"algorithm": "spin"}, "evolve": {"seed_prompts": 8}},
     "cream": {"train": {"algorithm": "cream"}},
-    "grpo": {"train": {"algorithm": "grpo", "kl_beta": 0.05}},
+    "grpo": {"train": {"algorithm": "grpo", "grpo": {"beta": 0.05}}},
     "nft": {"train": {"algorithm": "nft"}},
     "dpo_full": {"train": {"algorithm": "dpo", "lora": {"enabled": False}}},
 }

@@ -7,7 +7,8 @@ from self_improve.artifacts import ArtifactError
 from self_improve.config import LoraConfig
 from self_improve.engines.hf import SamplingSpec, encode_for_training, generate, token_logprobs
 from self_improve.models.loading import attach_lora, check_model_dir, load_model, merge_lora, save_model
-from self_improve.training.trainers import Schedule, train_sft
+from self_improve.training.loop import Schedule
+from self_improve.training.trainers import RunContext, SFTTrainer
 
 
 def test_char_tokenizer_roundtrip(tok):
@@ -47,7 +48,7 @@ def test_lora_trains_adapter_only_and_merge_is_exact(tok, trained, tmp_path):
     model = attach_lora(base, LoraConfig(r=4, alpha=8))
     lora_before = {k: v.clone() for k, v in model.named_parameters() if "lora_" in k}
     prompts = ["12+34=", "40+41="] * 8
-    train_sft(model, tok, prompts, ["99", "11"] * 8, Schedule(1e-2, 5), 8, 0)
+    SFTTrainer(RunContext(tok, Schedule(1e-2, 5), 8)).train(model, prompts, ["99", "11"] * 8)
     for name, p in model.named_parameters():
         if "lora_" in name:
             assert not torch.equal(p, lora_before[name]), name

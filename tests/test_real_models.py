@@ -28,7 +28,8 @@ from self_improve.engines.hf import (
 )
 from self_improve.models import export
 from self_improve.models.loading import attach_lora, load_model
-from self_improve.training.trainers import Schedule, train_sft
+from self_improve.training.loop import Schedule
+from self_improve.training.trainers import RunContext, SFTTrainer
 from stages import prepare
 
 from .conftest import ROOT, deep_merge, run_all, stage_argv
@@ -123,8 +124,9 @@ def test_micro_batches_accumulate_to_the_whole_batch_gradient(bpe_model_dir):
         model, tok = load_model(bpe_model_dir, device="cpu")
         if checkpointing:  # recomputed activations: the same gradients
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        train_sft(model, tok, prompts, responses, Schedule(1e-2, 2), batch_size=8, seed=0, micro_batch_size=micro,
-                  chat=chat_format(model, tok))
+        ctx = RunContext(tok, Schedule(1e-2, 2), batch_size=8, seed=0, micro_batch_size=micro,
+                         chat=chat_format(model, tok))
+        SFTTrainer(ctx).train(model, prompts, responses)
         weights.append({k: v.clone() for k, v in model.state_dict().items()})
     for k in weights[0]:
         assert torch.allclose(weights[0][k], weights[1][k], atol=1e-5), k
@@ -235,7 +237,7 @@ def test_lora_leaves_base_weights_and_trains_the_adapter(bpe_model_dir):
     base = {k: v.clone() for k, v in model.state_dict().items()}
     peft = attach_lora(model, LoraConfig(r=4, alpha=8))
     lora = {k: v.clone() for k, v in peft.named_parameters() if "lora_" in k}
-    train_sft(peft, tok, ["1+2="] * 4, ["3"] * 4, Schedule(1e-2, 3), 4, 0, chat=chat_format(model, tok))
+    SFTTrainer(RunContext(tok, Schedule(1e-2, 3), 4, chat=chat_format(model, tok))).train(peft, ["1+2="] * 4, ["3"] * 4)
     assert all(not torch.equal(v, lora[k]) for k, v in peft.named_parameters() if "lora_B" in k)
     for k, v in peft.get_base_model().state_dict().items():
         if "lora_" not in k:

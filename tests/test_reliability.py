@@ -73,7 +73,7 @@ BAD_PARAMS = [
     (lambda r: r["loop"]["it3"].update(ref="it2"), "loop.it3.ref: expected it1"),
     (lambda r: r.update(train={"algorithm": "spin"}, evolve={"seed_prompts": 0}), "needs evolve.seed_prompts"),
     (lambda r: r.update(judge={"method": "llm_judge", "judgments": 0}), "judge.judgments"),
-    (lambda r: r.update(train={"algorithm": "grpo", "clip_eps": 1.5}), "train.clip_eps"),
+    (lambda r: r.update(train={"algorithm": "grpo", "grpo": {"epsilon": 1.5}}), "train.grpo.epsilon"),
 ]
 
 

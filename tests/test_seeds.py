@@ -34,8 +34,8 @@ def test_every_shipped_variant_sets_existing_params_to_valid_values():
             for part in key.split("."):
                 got = getattr(got, part)
             assert getattr(got, "value", got) == yaml.safe_load(value), item
-    with pytest.raises(ConfigError, match="train.beta"):
-        parse_params(_override(yaml.safe_load((ROOT / "params.yaml").read_text()), "train.beta=0"))
+    with pytest.raises(ConfigError, match="train.dpo.beta"):
+        parse_params(_override(yaml.safe_load((ROOT / "params.yaml").read_text()), "train.dpo.beta=0"))
 
 
 def test_a_malformed_variants_file_is_refused_naming_the_variant(tmp_path):

@@ -86,7 +86,7 @@ def test_killed_training_resumes_from_its_checkpoint(train_inputs):
     assert all(torch.allclose(whole[k], resumed[k], atol=1e-6) for k in whole)
     assert (d / "cut" / "ckpt" / "done.json").is_file() and not state.exists()
     # a checkpoint written for other inputs or params, or a torn one, is not resumed
-    from self_improve.training.trainers import Checkpoints
+    from self_improve.training.loop import Checkpoints
 
     Checkpoints(d / "other", "inputs-a", 1).save({"step": 3})
     assert Checkpoints(d / "other", "inputs-a", 1).load()["step"] == 3

@@ -35,15 +35,8 @@ from self_improve.models.loading import (
     attach_lora,
     model_identity,
 )
-from self_improve.training.trainers import (
-    Checkpoints,
-    Schedule,
-    steps_for,
-    train_grpo,
-    train_nft,
-    train_preference,
-    train_sft,
-)
+from self_improve.training.loop import Checkpoints, Schedule, steps_for
+from self_improve.training.trainers import GRPOTrainer, NFTTrainer, PreferenceTrainer, RunContext, SFTTrainer
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +67,35 @@ def training_size(cfg: TrainConfig, pairs: pd.DataFrame, sft: pd.DataFrame, grou
     return len(pairs)
 
 
+def _raft(ctx: RunContext, cfg: TrainConfig, model, pairs, sft, groups):
+    return SFTTrainer(ctx, desc="raft").train(model, list(sft["prompt"]), list(sft["response"]))
+
+
+def _preference(ctx: RunContext, cfg: TrainConfig, model, pairs, sft, groups):
+    cons = [0.5 if pd.isna(c) else float(c) for c in pairs["consistency"]]
+    weights = None
+    if pairs["weight"].notna().any():
+        weights = [1.0 if pd.isna(w) else float(w) for w in pairs["weight"]]
+    return PreferenceTrainer(ctx, cfg.algorithm, cfg.dpo).train(
+        model, list(pairs["prompt"]), list(pairs["chosen"]), list(pairs["rejected"]), cons, weights)
+
+
+def _grpo(ctx: RunContext, cfg: TrainConfig, model, pairs, sft, groups):
+    return GRPOTrainer(ctx, cfg.grpo).train(model, list(groups["prompt"]), list(groups["response"]),
+                                            [float(a) for a in groups["advantage"]])
+
+
+def _nft(ctx: RunContext, cfg: TrainConfig, model, pairs, sft, groups):
+    data = nft_data(groups, cfg.nft.threshold)
+    return NFTTrainer(ctx, cfg.nft).train(model, list(data["prompt"]), list(data["response"]),
+                                          list(data["label"]), list(data["rate"]))
+
+
+# the trainer of each train.algorithm and the table it trains on (pairs, sft or groups)
+TRAINERS = {Algorithm.raft: _raft, Algorithm.grpo: _grpo, Algorithm.nft: _nft,
+            **{a: _preference for a in PREFERENCE}}
+
+
 def train(model, tokenizer, pairs: pd.DataFrame, sft: pd.DataFrame, groups: pd.DataFrame, cfg: TrainConfig,
           seed: int, accelerator=None, checkpoints: Checkpoints | None = None, max_length: int | None = None):
     """Train `model`; returns the trained model (a peft model with LoRA), the log, the number of examples
@@ -86,29 +108,13 @@ def train(model, tokenizer, pairs: pd.DataFrame, sft: pd.DataFrame, groups: pd.D
         torch.manual_seed(seed)  # the adapter's initial weights
         model = attach_lora(model, cfg.lora)
     n = training_size(cfg, pairs, sft, groups)
-    sched = Schedule(cfg.lr, steps_for(n, cfg.batch_size, cfg.epochs), warmup_steps=min(10, n))
-    common = dict(accelerator=accelerator, checkpoints=checkpoints, micro_batch_size=cfg.micro,
-                  chat=chat, max_length=max_length)
-    if cfg.algorithm == Algorithm.raft:
-        out = train_sft(model, tokenizer, list(sft["prompt"]), list(sft["response"]), sched,
-                        cfg.batch_size, seed, cfg.max_grad_norm, desc="raft", **common)
-    elif cfg.algorithm in PREFERENCE:
-        cons = [0.5 if pd.isna(c) else float(c) for c in pairs["consistency"]]
-        weights = None
-        if pairs["weight"].notna().any():
-            weights = [1.0 if pd.isna(w) else float(w) for w in pairs["weight"]]
-        out = train_preference(model, tokenizer, cfg.algorithm, list(pairs["prompt"]), list(pairs["chosen"]),
-                               list(pairs["rejected"]), sched, cfg.batch_size, seed, cfg.beta,
-                               cfg.nll_weight, cons, cfg.max_grad_norm, weights=weights, **common)
-    elif cfg.algorithm == Algorithm.nft:
-        data = nft_data(groups, cfg.nft.threshold)
-        out = train_nft(model, tokenizer, list(data["prompt"]), list(data["response"]), list(data["label"]),
-                        list(data["rate"]), sched, cfg.batch_size, seed, cfg.nft.eps, cfg.nft.neg_weight,
-                        cfg.nft.omega.value, cfg.max_grad_norm, **common)
-    else:
-        out = train_grpo(model, tokenizer, list(groups["prompt"]), list(groups["response"]),
-                         [float(a) for a in groups["advantage"]], sched, cfg.batch_size, seed,
-                         cfg.clip_eps, cfg.kl_beta, cfg.max_grad_norm, **common)
+    steps = steps_for(n, cfg.batch_size, cfg.epochs)
+    # the warm-up starts at lr 0 (transformers' schedule): it ends before the last step, so even a
+    # one-step run trains
+    sched = Schedule(cfg.lr, steps, warmup_steps=max(0, min(10, n, steps - 1)))
+    ctx = RunContext(tokenizer, sched, cfg.batch_size, seed, cfg.micro, cfg.max_grad_norm, accelerator,
+                     checkpoints, chat, max_length)
+    out = TRAINERS[cfg.algorithm](ctx, cfg, model, pairs, sft, groups)
     if n == 0:
         log.warning("no training data this iteration: the model is passed on unchanged")
     full_state = None

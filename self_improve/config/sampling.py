@@ -1,0 +1,107 @@
+"""params.yaml `evolve`, `sample` and `evaluate`: which prompts, how responses are drawn, how they are scored."""
+
+from __future__ import annotations
+
+import enum
+import re
+from typing import Optional
+
+from pydantic import Field, field_validator
+
+from self_improve.config.base import _Section
+
+
+class EvolveStrategy(str, enum.Enum):
+    fixed = "fixed"  # the same prompts every iteration
+    eva = "eva"  # keep and mutate the prompts whose self-judged rewards spread the most
+    sec = "sec"  # Self-Evolving Curriculum: a bandit over prompt categories
+
+
+class EvolveConfig(_Section):
+    """Which prompts an iteration works on."""
+
+    strategy: EvolveStrategy = EvolveStrategy.eva
+    include_ttt: bool = Field(True, description="work on the test-time problems (answers unseen)")
+    fresh: int = Field(200, ge=0, description="new procedural problems per iteration")
+    keep_top: int = Field(100, ge=0, description="most informative previous problems, mutated")
+    rewrites: int = Field(3, ge=0, description="equivalent rewrites of each problem (co_reward)")
+    seed_prompts: Optional[int] = Field(
+        None, ge=0,
+        description="seed-data prompts (with reference answers, for SPIN) per iteration; "
+        "None: 300 when train.algorithm is spin, else 0",
+    )
+    sec_alpha: float = Field(0.5, gt=0, le=1, description="sec: TD(0) step size of the category values")
+    sec_temperature: float = Field(0.2, gt=0, description="sec: softmax temperature over category values")
+
+
+class SampleBackend(str, enum.Enum):
+    auto = "auto"  # vllm with a GPU, else ct2 when installed and the model converts, else hf
+    hf = "hf"  # batched `transformers` generation (CPU or GPU)
+    ct2 = "ct2"  # CTranslate2 on the iteration's converted model (data/itN/engine)
+    vllm = "vllm"  # the `gpu` extra; GPU only
+
+
+class Ct2ComputeType(str, enum.Enum):
+    float32 = "float32"  # the model itself: greedy outputs equal hf's
+    int8 = "int8"  # weights quantised at load time: faster, other outputs than the model's own
+    int8_float32 = "int8_float32"
+
+
+class Ct2Config(_Section):
+    compute_type: Ct2ComputeType = Field(
+        Ct2ComputeType.float32, description="ct2: precision at load time (the converted model is float32)")
+    threads: int = Field(0, ge=0, description="ct2: CPU threads in all (0: every core)")
+    batch_size: int = Field(
+        64, ge=1, description="ct2: sequences decoded together (batch_size // n prompts); on 2 cores 64 "
+        "decoded faster than 128 or 512 (finished rows leave the batch, so large batches buy little)")
+    inter_threads: int = Field(
+        2, ge=1, description="ct2: batches decoded in parallel, each on threads / inter_threads cores "
+        "(small models decode faster as several single-threaded batches)")
+
+
+class VllmConfig(_Section):
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs one vLLM engine shards the model over")
+    data_parallel_size: int = Field(
+        0, ge=0, description="vLLM engines, each on its own tensor_parallel_size GPUs, each sampling its share of "
+        "the prompts; 0: as many as the visible GPUs hold"
+    )
+    url: Optional[str] = Field(
+        None, description="a running vLLM server (OpenAI-compatible, e.g. http://gpu-host:8000) serving the "
+        "iteration's model: sample through it instead of starting vLLM here")
+    server_python: Optional[str] = Field(
+        None, description="a Python with vLLM in its own virtualenv (make vllm-env: .venv-vllm/bin/python): "
+        "each stage starts `vllm serve` on the model, samples through it and stops it")
+    served_model_name: str = Field("policy", min_length=1, description="the model's name on the server")
+    server_dtype: str = Field("float32", description="server_python: --dtype of the server (float32 on a CPU)")
+    cpu_kv_cache_gb: int = Field(4, ge=1, description="server_python on a CPU: VLLM_CPU_KVCACHE_SPACE in GB")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not re.match(r"https?://[^\s/]+", v):
+            raise ValueError(f"an http(s) URL, e.g. http://127.0.0.1:8000; got {v!r}")
+        return v
+
+
+class SampleConfig(_Section):
+    backend: SampleBackend = Field(SampleBackend.auto, description="sampling engine (sample and evaluate)")
+    k: int = Field(4, ge=1, description="responses per prompt")
+    temperature: float = Field(0.7, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(6, ge=1)
+    batch_size: int = Field(
+        1024, ge=1, description="hf: sequences per generate() call, lowered to fit free memory"
+    )
+    score_tokens: int = Field(
+        8192, ge=1, description="padded tokens per scoring forward pass (log-probs), lowered to fit free memory"
+    )
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vllm: share of GPU memory it may take")
+    vllm: VllmConfig = VllmConfig()
+    ct2: Ct2Config = Ct2Config()
+
+
+class EvaluateConfig(_Section):
+    k: int = Field(8, ge=0, description="samples per problem for maj@k (0: no maj@k, one sampled pass fewer)")
+    temperature: float = Field(0.7, gt=0)
+    max_new_tokens: int = Field(6, ge=1, description="length of the evaluated answers (greedy and maj@k)")
+    batch_size: int = Field(1024, ge=1)

@@ -1,0 +1,125 @@
+"""The trainers' shape: one run context, a trainer per family, the loss table, chosen and rejected in one
+forward pass, transformers' LR schedule, and checkpoints that keep every RNG."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from self_improve.config import PREFERENCE, Algorithm, ConfigError, DpoConfig, parse_params
+from self_improve.engines.hf import token_logprobs
+from self_improve.training.iteration import TRAINERS
+from self_improve.training.loop import Checkpoints, Schedule, rng_state, set_rng_state
+from self_improve.training.losses import cream_loss, dpo_loss, ipo_loss, spin_loss
+from self_improve.training.trainers import PREFERENCE_LOSSES, PreferenceTrainer, RunContext, concatenated
+
+from .conftest import ROOT
+
+PROMPTS = ["12+34=", "40+41=", "7+8=", "23+19="]
+CHOSEN = ["46", "81", "15", "42"]
+REJECTED = ["4", "8111", "1", "4200"]
+
+
+def test_every_algorithm_has_a_trainer_and_every_preference_algorithm_a_loss():
+    assert set(TRAINERS) == set(Algorithm)
+    assert set(PREFERENCE_LOSSES) == set(PREFERENCE)
+    assert PREFERENCE_LOSSES[Algorithm.dpo].fn is dpo_loss and PREFERENCE_LOSSES[Algorithm.spin].fn is spin_loss
+    assert PREFERENCE_LOSSES[Algorithm.cream].fn is cream_loss and PREFERENCE_LOSSES[Algorithm.cream].consistency
+    ipo = PREFERENCE_LOSSES[Algorithm.ipo]
+    assert ipo.fn is ipo_loss and ipo.mean_logps and not ipo.nll  # TRL's loss_type="ipo"
+    with pytest.raises(ValueError, match="not a preference algorithm"):
+        PreferenceTrainer(RunContext(None, Schedule(1e-3, 1), 4), Algorithm.grpo, DpoConfig())
+
+
+def test_chosen_and_rejected_in_one_forward_pass_give_each_ones_own_log_probs(tok, trained):
+    ctx = RunContext(tok, Schedule(1e-3, 1), 4)
+    enc_c, enc_r = ctx.encode(PROMPTS, CHOSEN), ctx.encode(PROMPTS, REJECTED)
+    idx = [2, 0, 3]
+    with torch.no_grad():
+        both, mask = token_logprobs(trained, concatenated(enc_c, enc_r, idx, torch.device("cpu")))
+        alone_c, mask_c = token_logprobs(trained, enc_c.batch(idx, torch.device("cpu")))
+        alone_r, mask_r = token_logprobs(trained, enc_r.batch(idx, torch.device("cpu")))
+    assert both.shape[0] == 2 * len(idx)
+    torch.testing.assert_close(both[:3].sum(-1), alone_c.sum(-1), atol=1e-5, rtol=0)
+    torch.testing.assert_close(both[3:].sum(-1), alone_r.sum(-1), atol=1e-5, rtol=0)
+    assert torch.equal(mask[:3].sum(-1), mask_c.sum(-1)) and torch.equal(mask[3:].sum(-1), mask_r.sum(-1))
+
+
+def test_one_dpo_step_moves_the_model_as_the_loss_computed_by_hand_says(tok, trained):
+    """The trainer's first update (lr warm-up off) equals the gradient of sigmoid DPO + RPO's NLL term
+    written out here from two separate forward passes: the concatenated pass changes nothing."""
+    beta, alpha = 0.5, 1.0
+    by_hand = copy.deepcopy(trained)
+    ctx = RunContext(tok, Schedule(1e-2, 1), batch_size=4, seed=0)
+    enc_c, enc_r = ctx.encode(PROMPTS, CHOSEN), ctx.encode(PROMPTS, REJECTED)
+    idx = list(range(4))
+    with torch.no_grad():
+        ref_c = token_logprobs(by_hand, enc_c.batch(idx, "cpu"))[0].sum(-1)
+        ref_r = token_logprobs(by_hand, enc_r.batch(idx, "cpu"))[0].sum(-1)
+    lc, mc = token_logprobs(by_hand, enc_c.batch(idx, "cpu"))
+    lr_, _ = token_logprobs(by_hand, enc_r.batch(idx, "cpu"))
+    margin = beta * ((lc.sum(-1) - ref_c) - (lr_.sum(-1) - ref_r))
+    loss = -torch.nn.functional.logsigmoid(margin).mean() + alpha * (-lc.sum(-1) / mc.sum(-1)).mean()
+    loss.backward()
+    grads = {k: p.grad.clone() for k, p in by_hand.named_parameters()}
+
+    model = copy.deepcopy(trained)
+    before = {k: p.detach().clone() for k, p in model.named_parameters()}
+    log = PreferenceTrainer(ctx, Algorithm.dpo, DpoConfig(beta=beta, rpo_alpha=alpha)).train(
+        model, PROMPTS, CHOSEN, REJECTED)
+    assert log.losses[0] == pytest.approx(loss.item(), abs=1e-5)
+    # AdamW's first step moves each weight by lr * sign(grad) (where the grad is well above eps)
+    for k, p in model.named_parameters():
+        g = grads[k]
+        big = g.abs() > 1e-4
+        step = (before[k] - p.detach())[big]
+        torch.testing.assert_close(torch.sign(step), torch.sign(g[big]))
+
+
+def test_the_schedule_is_transformers_warm_up_and_cosine_to_a_floor():
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = Schedule(1.0, steps=10, warmup_steps=2, min_lr_ratio=0.5).scheduler(opt)
+    lrs = []
+    for _ in range(11):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs[:3] == pytest.approx([0.0, 0.5, 1.0])  # warm-up from 0, as TRL and the HF Trainer
+    assert lrs[6] == pytest.approx(0.5 + 0.5 * 0.5)  # half way through the cosine: (1 + cos(pi/2)) / 2
+    assert lrs[10] == pytest.approx(0.5)  # the floor at the last step
+
+
+def test_a_checkpoint_keeps_every_rng_and_restores_it(tmp_path):
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    ckpt = Checkpoints(tmp_path / "ckpt", "inputs", 1)
+    ckpt.save({"step": 1, "rng": rng_state()})
+    expected = (random.random(), float(np.random.rand()), torch.rand(1).item())
+    random.seed(9)
+    np.random.seed(9)
+    torch.manual_seed(9)
+    set_rng_state(ckpt.load()["rng"])  # read back with weights_only=True
+    assert (random.random(), float(np.random.rand()), torch.rand(1).item()) == expected
+
+
+def test_a_checkpoint_that_kept_only_torchs_rng_still_resumes():
+    torch.manual_seed(5)
+    state = torch.get_rng_state()
+    expected = torch.rand(1).item()
+    set_rng_state(state)
+    assert torch.rand(1).item() == expected
+
+
+@pytest.mark.parametrize("old,new", [("beta", "train.dpo.beta"), ("nll_weight", "train.dpo.rpo_alpha"),
+                                     ("clip_eps", "train.grpo.epsilon"), ("kl_beta", "train.grpo.beta")])
+def test_a_params_file_with_a_moved_train_key_is_told_where_it_went(old, new):
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["train"][old] = 0.1
+    with pytest.raises(ConfigError, match=rf"train.{old} is now {new}"):
+        parse_params(raw)
