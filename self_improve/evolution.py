@@ -31,7 +31,7 @@ from self_improve import templates
 from self_improve.config import EvolveConfig, Params
 from self_improve.curriculum import BanditState, category_rewards, update
 from self_improve.tasks.base import Writer
-from self_improve.tasks.prompt_files import render_rewrite_prompt
+from self_improve.tasks.rewrites import render_rewrite_prompt
 
 WRITE_TOKENS = 160  # new tokens a model-written question may take
 

@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 
 from self_improve.errors import ConfigError
-from self_improve.tasks.prompt_files import (
+from self_improve.tasks.prompt_files import load_prompt_file
+from self_improve.tasks.rewrites import (
     REWRITE_TEMPLATE,
     filter_rewrites,
-    load_prompt_file,
     ngram_overlap,
     render_rewrite_prompt,
 )

@@ -41,7 +41,8 @@ from self_improve.tasks.base import (
     seed_frame,
 )
 from self_improve.tasks.free_text import FreeTextAnswers
-from self_improve.tasks.prompt_files import filter_rewrites, load_prompt_file, near_any
+from self_improve.tasks.prompt_files import load_prompt_file
+from self_improve.tasks.rewrites import filter_rewrites, near_any
 
 log = logging.getLogger(__name__)
 
