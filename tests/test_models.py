@@ -6,7 +6,7 @@ import torch
 from self_improve.artifacts import ArtifactError
 from self_improve.config import LoraConfig
 from self_improve.engines.hf import SamplingSpec, encode_for_training, generate, token_logprobs
-from self_improve.models.loading import attach_lora, check_model_dir, load_model, merge_lora, save_model
+from self_improve.models.loading import attach_lora, check_model_dir, load_model, save_model
 from self_improve.training.loop import Schedule
 from self_improve.training.trainers import RunContext, SFTTrainer
 
@@ -58,7 +58,7 @@ def test_lora_trains_adapter_only_and_merge_is_exact(tok, trained, tmp_path):
     batch = encode_for_training(tok, prompts[:2], ["99", "11"])
     with torch.no_grad():
         adapted = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        merged = merge_lora(model)
+        merged = model.merge_and_unload()  # the adapter folded into the base weights
         plain = merged(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     assert torch.allclose(adapted, plain, atol=1e-5)
     assert not any("lora_" in k for k in merged.state_dict())

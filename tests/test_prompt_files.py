@@ -15,7 +15,7 @@ from self_improve.tasks.prompt_files import load_prompt_file
 from self_improve.tasks.rewrites import (
     REWRITE_TEMPLATE,
     filter_rewrites,
-    ngram_overlap,
+    near_any,
     render_rewrite_prompt,
 )
 
@@ -188,12 +188,14 @@ def test_rewrite_template_is_printable_ascii_and_renders_verbatim():
         render_rewrite_prompt("no placeholder", user)
 
 
-def test_ngram_overlap():
-    assert ngram_overlap("Hello world", "hello   WORLD") == 1.0
-    assert ngram_overlap("abc", "xyz") == 0.0
-    assert ngram_overlap("abcd", "abce") == pytest.approx(1 / 3)  # {abc, bcd} vs {abc, bce}
-    assert ngram_overlap("ab", "ab") == 1.0  # shorter than n: the text is its own n-gram
-    assert ngram_overlap("", "") == 1.0 and ngram_overlap("", "abc") == 0.0
+def test_near_any_is_character_trigram_jaccard_overlap():
+    assert near_any(["Hello world"], ["hello   WORLD"], max_overlap=0.99) == [True]  # case and spaces folded
+    assert near_any(["abc"], ["xyz"], max_overlap=0.0) == [False]
+    # {abc, bcd} vs {abc, bce}: 1/3
+    assert near_any(["abcd"], ["abce"], max_overlap=0.33) == [True]
+    assert near_any(["abcd"], ["abce"], max_overlap=0.34) == [False]
+    assert near_any(["ab"], ["ab"], max_overlap=0.99) == [True]  # shorter than n: the text is its own n-gram
+    assert near_any(["", "abc"], [""], max_overlap=0.99) == [True, False]  # two empty texts overlap fully
 
 
 def test_filter_rewrites_drops_empty_long_and_near_duplicates():

@@ -290,11 +290,6 @@ def attach_lora(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
     return get_peft_model(model, peft_cfg)
 
 
-def merge_lora(model: torch.nn.Module) -> torch.nn.Module:
-    """Fold the adapter into the base weights so the next iteration starts from a plain model."""
-    return model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
-
-
 def set_threads() -> None:
     """Use every core for intra-op parallelism unless the user said otherwise."""
     if "OMP_NUM_THREADS" not in os.environ:

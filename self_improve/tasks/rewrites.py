@@ -35,16 +35,6 @@ def near_any(texts: list[str], against: list[str], max_overlap: float = 0.6, n: 
     return [any(_jaccard(_ngrams(t, n), g) > max_overlap for g in grams) for t in texts]
 
 
-def ngram_overlap(a: str, b: str, n: int = 3) -> float:
-    """Jaccard overlap of the character n-gram sets of `a` and `b` (lowercased, whitespace collapsed).
-
-    A text shorter than n counts as one n-gram (itself); two empty texts overlap fully.
-    """
-    if n < 1:
-        raise ValueError(f"n must be at least 1, got {n}")
-    return _jaccard(_ngrams(a, n), _ngrams(b, n))
-
-
 def filter_rewrites(
     candidates: list[str], existing: list[str], max_chars: int, n: int = 3, max_overlap: float = 0.6
 ) -> tuple[list[str], dict[str, int]]:
