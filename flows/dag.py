@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-STEPS = ("evolve", "sample", "judge", "pairs", "train", "engine", "evaluate")
+STEPS = ("evolve", "bstar", "sample", "judge", "pairs", "train", "engine", "evaluate")
 
 
 def _loop(repo: Path) -> dict:
@@ -20,7 +20,7 @@ def _loop(repo: Path) -> dict:
 
 def stage_order(repo: Path) -> list[str]:
     """DVC stage names in dependency order, e.g. check_params, prepare, engine_base, evaluate_base,
-    evolve@it1, ..., report."""
+    evolve@it1, bstar@it1, ..., report."""
     return ["check_params", "prepare", "engine_base", "evaluate_base"] + [f"{s}@{it}" for it in _loop(repo) for s in STEPS] + ["report"]
 
 

@@ -88,6 +88,7 @@ OVERRIDES = {
     "evolve_strategy": "evolve.strategy",
     "samples_per_prompt": "sample.k",
     "temperature": "sample.temperature",
+    "bstar": "sample.bstar.enabled",
     "epochs": "train.epochs",
     "seed": "seed",
 }
@@ -158,6 +159,8 @@ def self_improve_loop(
     evolve_strategy: Optional[EvolveStrategy] = None,
     samples_per_prompt: Optional[Annotated[int, Field(ge=1, le=64, description="sample.k")]] = None,
     temperature: Optional[Annotated[float, Field(gt=0, le=2, description="sample.temperature")]] = None,
+    bstar: Optional[Annotated[bool, Field(description="sample.bstar.enabled: B-STaR chooses the temperature "
+                                                      "and RAFT threshold each iteration")]] = None,
     epochs: Optional[Annotated[int, Field(ge=1, le=100, description="train.epochs")]] = None,
     seed: Optional[Annotated[int, Field(ge=0, description="seed")]] = None,
     experiment_name: Optional[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$",

@@ -65,6 +65,7 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prev-model", help="in: the previous model (prompt files: win rate against it)")
     p.add_argument("--prompts", help="in: the iteration's prompts (not for it0)")
     p.add_argument("--eval-out", help="out: each problem's greedy answer (parquet)")
+    p.add_argument("--bstar", help="in: the bstar stage's choice, reported beside the iteration's metrics")
     p.add_argument("--base-eval", help="in: it0's answers to the same problems: gains with paired intervals")
     p.add_argument("--out", required=True, help="out: metrics.json")
     p.add_argument("--examples", help="out: examples.json, what the report shows of the iteration (not for it0)")
@@ -114,6 +115,11 @@ def main(argv: list[str] | None = None) -> None:
                 examples["datasets"]["prompts"] = dataset_record(args.prompts, prompts)
         else:
             metrics.update({k: v for k, v in train.items() if isinstance(v, (int, float))})
+        if args.bstar:
+            picked = art.read_json(args.bstar)
+            metrics.update({"sample_temperature": picked["temperature"], "sft_min_reward": picked["threshold"]})
+            if picked.get("enabled"):
+                metrics.update({"bstar_balance": picked["balance"], "bstar_seconds": picked["seconds"]})
         if args.examples:
             if examples is None:
                 raise ConfigError("evaluate: --examples needs the iteration's --judgments and --pairs")

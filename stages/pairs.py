@@ -20,6 +20,7 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pairs", required=True, help="out: preference pairs (parquet)")
     p.add_argument("--sft", required=True, help="out: best-judged samples (parquet)")
     p.add_argument("--groups", required=True, help="out: GRPO groups with advantages (parquet)")
+    p.add_argument("--bstar", help="in: the bstar stage's choice (its threshold is RAFT's); none: pairs.sft_min_reward")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -27,15 +28,19 @@ def main(argv: list[str] | None = None) -> None:
         params.iteration_index(args.iteration)
         judgments = art.read_table(args.judgments, art.JUDGMENTS)
         seed = derive_seed(params.seed, "pairs", args.iteration)
-        pairs, best = build(judgments, params.pairs, seed)
+        cfg = params.pairs
+        if args.bstar:
+            cfg = cfg.model_copy(update={"sft_min_reward": float(art.read_json(args.bstar)["threshold"])})
+        pairs, best = build(judgments, cfg, seed)
         if params.train.algorithm == Algorithm.spin:
             pairs = spin_pairs(judgments, seed)
         outs = [args.pairs, args.sft, args.groups]
         prov = stage_provenance("pairs", args.iteration, params, PARAMS, outs)
         prov["spin"] = params.train.algorithm == Algorithm.spin
+        prov["sft_min_reward"] = cfg.sft_min_reward  # the one used: the params', or B-STaR's choice
         art.write_table(pairs, args.pairs, art.PAIRS, prov)
         art.write_table(best, args.sft, art.SFT, prov)
-        art.write_table(groups(judgments, params.pairs.penalty), args.groups, art.GROUPS, prov)
+        art.write_table(groups(judgments, cfg.penalty), args.groups, art.GROUPS, prov)
 
     run_stage("pairs", _args, body, argv, reads=PARAMS)
 

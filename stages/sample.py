@@ -24,6 +24,7 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="in: the iteration's starting model")
     p.add_argument("--base", help="in: the base model (it0) that adapter chains apply to")
     p.add_argument("--engine", help="in: the model's engine dir (its CTranslate2 conversion)")
+    p.add_argument("--bstar", help="in: the bstar stage's choice (its temperature is used); none: sample.temperature")
     p.add_argument("--out", required=True, help="out: samples (parquet)")
 
 
@@ -32,10 +33,13 @@ def main(argv: list[str] | None = None) -> None:
         params.iteration_index(args.iteration)
         set_threads()
         prompts = art.read_table(args.prompts, art.PROMPTS)
+        cfg = params.sample
+        if args.bstar:
+            cfg = cfg.model_copy(update={"temperature": float(art.read_json(args.bstar)["temperature"])})
         sampler = open_sampler(args.model, params.sample, params.security, args.base, params.model, args.engine)
-        df = sample(sampler, prompts, params.sample, derive_seed(params.seed, "sample", args.iteration),
-                    task_for(params.task))
+        df = sample(sampler, prompts, cfg, derive_seed(params.seed, "sample", args.iteration), task_for(params.task))
         prov = stage_provenance("sample", args.iteration, params, PARAMS, [args.out])
+        prov["temperature"] = cfg.temperature  # the one used: sample.temperature, or B-STaR's choice
         prov["backend"] = sampler.backend
         if getattr(sampler, "compute_type", None):
             prov["compute_type"] = sampler.compute_type

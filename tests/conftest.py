@@ -144,10 +144,22 @@ def defines_something(path: Path) -> bool:
 
 # The in-process loop: every stage's main() with the arguments dvc.yaml gives, in DAG order.
 def stage_modules() -> dict:
-    from stages import check_params, engine, evaluate, evolve, judge, pairs, prepare, report, sample, train
+    from stages import (
+        bstar,
+        check_params,
+        engine,
+        evaluate,
+        evolve,
+        judge,
+        pairs,
+        prepare,
+        report,
+        sample,
+        train,
+    )
 
-    return {m.__name__.split(".")[-1]: m for m in (check_params, prepare, engine, evolve, sample, judge, pairs,
-                                                    train, evaluate, report)}
+    return {m.__name__.split(".")[-1]: m for m in (check_params, prepare, engine, evolve, bstar, sample, judge,
+                                                    pairs, train, evaluate, report)}
 
 
 def stage_commands() -> list[list[str]]:

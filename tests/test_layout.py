@@ -37,9 +37,9 @@ def test_flows_scripts_and_benchmarks_use_the_library_not_the_stages_internals()
             assert not {m for m in _imported_modules(path) if m.startswith("stages")}, path
 
 
-@pytest.mark.parametrize("stage", ["check_params", "judge", "pairs", "evolve", "report"])
+@pytest.mark.parametrize("stage", ["check_params", "judge", "pairs", "evolve", "bstar", "report"])
 def test_light_stages_import_no_torch(stage):
-    """judge (vote judges), pairs, evolve, report and check_params start in a fraction of a second: torch
+    """judge (vote judges), pairs, evolve, bstar (off), report and check_params start in a fraction of a second: torch
     is imported only where a model runs (inside the functions that run one)."""
     probe = f"import sys, stages.{stage}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)

@@ -18,6 +18,8 @@ VARIANTS = {
     "spin": {"train": {"algorithm": "spin"}, "evolve": {"seed_prompts": 8}},
     "cream": {"train": {"algorithm": "cream"}},
     "grpo": {"train": {"algorithm": "grpo", "grpo": {"beta": 0.05}}},
+    "bstar": {"sample": {"bstar": {"enabled": True, "temperatures": [0.5, 1.0], "thresholds": [0.0, 1.0],
+                                   "dev_size": 4}}},
     "nft": {"train": {"algorithm": "nft"}},
     "dpo_full": {"train": {"algorithm": "dpo", "lora": {"enabled": False}}},
 }
@@ -82,6 +84,22 @@ def test_every_method_runs_the_loop(variant_run):
         assert len(data) > 0 and ((data["rate"] > 0) & (data["rate"] < 1)).all()
         tm = art.read_json(root / "data/it1/train_metrics.json")
         assert tm["train_examples"] == len(data) and {"ratio_mean", "negative_clipped"} <= set(tm)
+    elif name == "bstar":
+        from self_improve.bstar import choose
+
+        for it in ("it1", "it2", "it3"):
+            choice = art.read_json(root / "data" / it / "bstar.json")
+            assert choice["enabled"] and len(choice["grid"]) == 4 and choice["dev_prompts"] > 0
+            assert {(g["temperature"], g["threshold"]) for g in choice["grid"]} == {(0.5, 0.0), (0.5, 1.0),
+                                                                                  (1.0, 0.0), (1.0, 1.0)}
+            best = choose(choice["grid"])
+            assert (choice["temperature"], choice["threshold"]) == (best["temperature"], best["threshold"])
+            # the choice is what the stages used: the samples' temperature, RAFT's threshold, the metrics
+            assert art.read_provenance(root / "data" / it / "samples.parquet")["temperature"] == choice["temperature"]
+            assert art.read_provenance(root / "data" / it / "sft.parquet")["sft_min_reward"] == choice["threshold"]
+            assert (_read(root, it, "sft", art.SFT)["reward"] >= choice["threshold"]).all()
+            assert metrics[it]["sample_temperature"] == choice["temperature"]
+            assert metrics[it]["bstar_balance"] == pytest.approx(choice["balance"])
     elif name == "dpo_full":
         from safetensors.torch import load_file
 

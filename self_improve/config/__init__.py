@@ -36,6 +36,8 @@ from self_improve.config.model import (  # noqa: F401 (re-exported)
     SecurityConfig,
 )
 from self_improve.config.sampling import (  # noqa: F401 (re-exported)
+    BstarConfig,
+    BstarLabels,
     Ct2ComputeType,
     Ct2Config,
     EvaluateConfig,
@@ -126,6 +128,10 @@ class Params(_Section):
         if self.train.algorithm == Algorithm.spin and self.evolve.seed_prompts == 0:
             raise ValueError("train.algorithm spin needs evolve.seed_prompts > 0: SPIN pairs the seed "
                              "data's reference answers with the model's own samples")
+        if self.sample.bstar.enabled and (self.judge.method.runs_model or self.judge.frozen != FrozenJudge.none):
+            raise ValueError(f"sample.bstar.enabled: the sweep selects samples by the judge's reward from the "
+                             f"answers alone; judge.method {self.judge.method.value} (or judge.frozen) runs a "
+                             "model: use a vote judge or the verifier")
         return self
 
     def seed_prompts(self) -> int:

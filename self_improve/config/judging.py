@@ -20,6 +20,11 @@ class JudgeMethod(str, enum.Enum):
     verifier = "verifier"  # ground truth: oracle baseline
 
     @property
+    def runs_model(self) -> bool:
+        """The judge scores with a model (the policy, its predecessor), not from the answers alone."""
+        return self in (JudgeMethod.llm_judge, JudgeMethod.self_certainty, JudgeMethod.implicit_reward)
+
+    @property
     def needs_rewrites(self) -> bool:
         """The prompts must come with equivalent rewrites (evolve writes them): co_reward's views."""
         return self is JudgeMethod.co_reward

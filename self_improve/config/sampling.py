@@ -83,6 +83,37 @@ class VllmConfig(_Section):
         return v
 
 
+class BstarLabels(str, enum.Enum):
+    judge = "judge"  # label-free: a sample is right when its answer is the judge's pseudo-label
+    verifier = "verifier"  # the gold answers: the oracle's choice, for comparison
+
+
+class BstarConfig(_Section):
+    """B-STaR (arXiv 2412.17256, hkust-nlp/B-STaR): each iteration's sampling temperature and RAFT
+    reward threshold (pairs.sft_min_reward) chosen by the balance score on a dev subset of its
+    prompts, instead of fixed."""
+
+    enabled: bool = Field(False, description="bstar: choose sample.temperature and pairs.sft_min_reward "
+                          "each iteration by the balance score (the bstar stage)")
+    temperatures: list[float] = Field([0.5, 0.7, 0.9, 1.1], min_length=1,
+                                      description="bstar: the temperatures tried")
+    thresholds: list[float] = Field([0.0, 0.5, 1.0], min_length=1,
+                                    description="bstar: the reward thresholds tried (a sample is selected when its "
+                                    "reward >= threshold)")
+    dev_size: int = Field(32, ge=1, description="bstar: problems of the iteration (each with its rewrites) "
+                          "sampled at every temperature: dev_size x k x len(temperatures) samples")
+    n_star: int = Field(8, ge=1, description="bstar: distinct right responses a prompt needs for full exploration")
+    labels: BstarLabels = Field(BstarLabels.judge, description="bstar: what counts as right: the judge's pseudo-"
+                                "labels (label-free) or the verifier's (the oracle's choice)")
+
+    @field_validator("temperatures")
+    @classmethod
+    def _positive(cls, v: list[float]) -> list[float]:
+        if any(t <= 0 for t in v):
+            raise ValueError(f"every temperature must be > 0; got {v}")
+        return v
+
+
 class SampleConfig(_Section):
     backend: SampleBackend = Field(SampleBackend.auto, description="sampling engine (sample and evaluate)")
     k: int = Field(4, ge=1, description="responses per prompt")
@@ -98,6 +129,7 @@ class SampleConfig(_Section):
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vllm: share of GPU memory it may take")
     vllm: VllmConfig = VllmConfig()
     ct2: Ct2Config = Ct2Config()
+    bstar: BstarConfig = BstarConfig()
 
 
 class EvaluateConfig(_Section):
