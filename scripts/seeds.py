@@ -44,6 +44,7 @@ KEYS = ("accuracy", "accuracy_se", "ttt_accuracy", "ttt_accuracy_se", "maj_accur
         "num_pairs", "heldout_n", "ttt_n", "accuracy_gain", "accuracy_gain_lo", "accuracy_gain_hi", "ttt_accuracy_gain",
         "ttt_accuracy_gain_lo", "ttt_accuracy_gain_hi", "invalid_share", "invalid_share_se", "frozen_yes", "vote_share",
         "distinct_answers", "cross_view_agreement", "lf_n", "lf_distinct",
+        "sample_temperature", "sft_min_reward", "bstar_balance", "bstar_seconds",  # the temperature and threshold used
         *(f"{s}{x}" for s in ("lf_agreement", "lf_invalid_share", "lf_frozen_yes")
           for x in ("", "_se", "_gain", "_gain_lo", "_gain_hi")))
 
