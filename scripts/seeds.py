@@ -240,7 +240,7 @@ def intervals(runs: list[dict], key: str, last: str) -> str:
 def table(groups: dict[str, list[dict]], its: list[str]) -> str:
     last = its[-1]
     head = (["variant", "seeds"] + [f"held-out {it}" for it in its] + [f"held-out gain {its[0]}->{last}"]
-            + [f"held-out gain 95% CI per seed (paired)"]
+            + ["held-out gain 95% CI per seed (paired)"]
             + [f"test-time {it}" for it in its] + [f"test-time gain {its[0]}->{last}", f"judge AUC {its[1]}",
                                                     f"judge AUC {last}", "alarm fired"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -353,6 +353,33 @@ def plot(groups: dict[str, list[dict]], its: list[str], path: Path) -> None:
     plt.close(fig)
 
 
+def choices(groups: dict[str, list[dict]], its: list[str]) -> str | None:
+    """What each run's iterations sampled at and kept for RAFT (B-STaR's choice where it was on): one
+    row per variant and seed, `temperature / threshold (balance)` per iteration; None when no run
+    recorded a B-STaR sweep."""
+    if not any(r["metrics"].get(it, {}).get("bstar_balance") is not None
+               for runs in groups.values() for r in runs for it in its):
+        return None
+    steps = its[1:]
+    lines = ["# Temperature and RAFT threshold per iteration", "",
+             "`temperature / threshold (balance score)` per iteration; the balance score only where B-STaR "
+             "chose (sample.bstar.enabled), with its sweep's cost in seconds.", "",
+             "| variant | seed | " + " | ".join(steps) + " | sweep seconds |",
+             "|---|---|" + "---|" * len(steps) + "---|"]
+    for variant, runs in groups.items():
+        for r in runs:
+            cells, secs = [], []
+            for it in steps:
+                m = r["metrics"].get(it, {})
+                t, h, b = m.get("sample_temperature"), m.get("sft_min_reward"), m.get("bstar_balance")
+                cell = "–" if t is None else f"{t:g} / {h:g}" + (f" ({b:.3f})" if b is not None else "")
+                cells.append(cell)
+                if m.get("bstar_seconds") is not None:
+                    secs.append(f"{m['bstar_seconds']:.1f}")
+            lines.append(f"| {variant} | {r['seed']} | " + " | ".join(cells) + f" | {', '.join(secs) or '–'} |")
+    return "\n".join(lines) + "\n"
+
+
 def write_reports(out: Path, root: Path = ROOT) -> str:
     groups = load_results(out)
     its = iterations(root)
@@ -362,6 +389,8 @@ def write_reports(out: Path, root: Path = ROOT) -> str:
     if groups:
         (out / "comparison.md").write_text(comparison(groups, its))
         plot(groups, its, out / "accuracy.png")
+        if (picked := choices(groups, its)) is not None:
+            (out / "choices.md").write_text(picked)
     return text
 
 

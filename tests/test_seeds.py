@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from scripts.seeds import ROOT, load_variants, mean_sd, table
+from scripts.seeds import ROOT, choices, load_variants, mean_sd, table
 from self_improve.config import ConfigError, parse_params
 
 
@@ -58,6 +58,16 @@ def test_table_gives_mean_sd_and_per_seed_values():
     runs[0]["metrics"]["it1"].update(accuracy_gain_lo=-0.021, accuracy_gain_hi=0.2)
     runs[1]["metrics"]["it1"].update(accuracy_gain_lo=0.1, accuracy_gain_hi=0.5)
     assert "| [-0.021, +0.200]; [+0.100, +0.500] |" in table({"v": runs}, ["it0", "it1"]).splitlines()[2]
+
+
+def test_choices_list_each_iterations_temperature_and_threshold_where_bstar_chose():
+    fixed = {"seed": 0, "metrics": {"it0": {}, "it1": {"sample_temperature": 0.7, "sft_min_reward": 1.0}}}
+    assert choices({"default": [fixed]}, ["it0", "it1"]) is None  # no sweep anywhere: no page
+    chose = {"seed": 2, "metrics": {"it0": {}, "it1": {"sample_temperature": 1.1, "sft_min_reward": 0.5,
+                                                       "bstar_balance": 0.4321, "bstar_seconds": 3.04}}}
+    rows = choices({"default": [fixed], "bstar": [chose]}, ["it0", "it1"]).splitlines()
+    assert "| default | 0 | 0.7 / 1 | – |" in rows
+    assert "| bstar | 2 | 1.1 / 0.5 (0.432) | 3.0 |" in rows
 
 
 def test_comparison_pairs_seeds_and_bolds_only_a_difference_beyond_noise():
