@@ -16,7 +16,13 @@ from self_improve.engines.hf import token_logprobs
 from self_improve.training.iteration import TRAINERS
 from self_improve.training.loop import Checkpoints, Schedule, rng_state, set_rng_state
 from self_improve.training.losses import cream_loss, dpo_loss, ipo_loss, spin_loss
-from self_improve.training.trainers import PREFERENCE_LOSSES, PreferenceTrainer, RunContext, concatenated
+from self_improve.training.trainers import (
+    PREFERENCE_LOSSES,
+    OnPolicyTrainer,
+    PreferenceTrainer,
+    RunContext,
+    concatenated,
+)
 
 from .conftest import ROOT
 
@@ -34,6 +40,8 @@ def test_every_algorithm_has_a_trainer_and_every_preference_algorithm_a_loss():
     assert ipo.fn is ipo_loss and ipo.mean_logps and not ipo.nll  # TRL's loss_type="ipo"
     with pytest.raises(ValueError, match="not a preference algorithm"):
         PreferenceTrainer(RunContext(None, Schedule(1e-3, 1), 4), Algorithm.grpo, DpoConfig())
+    with pytest.raises(TypeError, match="abstract"):  # a trainer of samples needs its loss
+        OnPolicyTrainer(RunContext(None, Schedule(1e-3, 1), 4))
 
 
 def test_chosen_and_rejected_in_one_forward_pass_give_each_ones_own_log_probs(tok, trained):

@@ -14,6 +14,7 @@ The preference trainer runs chosen and rejected responses in one forward pass (T
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -206,16 +207,18 @@ class PreferenceTrainer:
 
 
 @dataclass
-class OnPolicyTrainer:
+class OnPolicyTrainer(ABC):
     """The trainers of stored samples (GRPO, NFT): the samples were drawn by the starting model, so
     it is pi_old, its token log-probs taken once before the first step; each step calls
-    `loss(logps, old, mask, **the batch's per-sample values)`, token-weighted across micro-batches."""
+    `loss(logps, old, mask, **the batch's per-sample values)`, token-weighted across micro-batches.
+    Abstract: only its subclasses, which define the loss, can be made."""
 
     ctx: RunContext
     name: str = field(init=False, default="")
 
+    @abstractmethod
     def loss(self, logps, old, mask, **values) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        raise NotImplementedError
+        """The per-batch loss and its detached diagnostics."""
 
     def train_on(self, model: torch.nn.Module, prompts: list[str], responses: list[str],
                  per_sample: dict[str, list[float]]) -> TrainLog:
