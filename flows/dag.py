@@ -38,3 +38,39 @@ def stage_commands(repo: Path) -> list[tuple[str, list[str]]]:
             cmd = spec[stage]["cmd"]
         out.append((name, shlex.split(cmd)))
     return out
+
+
+# CoMAS (comas/dvc.yaml): the loop's stages it reads, then its own, iterations from `agents.loop`
+COMAS_FILE = "comas/dvc.yaml"
+COMAS_BASE = ("check_params", "prepare", "engine_base", "evaluate_base")  # ../dvc.yaml stages it reads
+COMAS_STEPS = ("comas_discuss", "comas_train", "comas_evaluate")
+
+
+def _agents_loop(repo: Path) -> dict:
+    return (yaml.safe_load((repo / "params.yaml").read_text(encoding="utf-8")).get("agents") or {}).get("loop") or {}
+
+
+def comas_order(repo: Path) -> list[str]:
+    """DVC stage names of a CoMAS run in dependency order: the loop's base stages, then
+    comas/dvc.yaml:comas_init, comas/dvc.yaml:comas_discuss@it1, ..., comas/dvc.yaml:comas_report."""
+    own = ["comas_init"] + [f"{s}@{it}" for it in _agents_loop(repo) for s in COMAS_STEPS] + ["comas_report"]
+    return list(COMAS_BASE) + [f"{COMAS_FILE}:{name}" for name in own]
+
+
+def comas_commands(repo: Path) -> list[tuple[str, list[str]]]:
+    """(stage name, argv) of every stage of a CoMAS run, in order, `${key}` / `${item.prev}` filled in."""
+    root = dict(stage_commands(repo))
+    spec = yaml.safe_load((repo / COMAS_FILE).read_text(encoding="utf-8"))["stages"]
+    agents = _agents_loop(repo)
+    out = []
+    for name in comas_order(repo):
+        if name in root:
+            out.append((name, root[name]))
+            continue
+        stage, _, it = name.removeprefix(f"{COMAS_FILE}:").partition("@")
+        if it:
+            cmd = spec[stage]["do"]["cmd"].replace("${key}", it).replace("${item.prev}", agents[it]["prev"])
+        else:
+            cmd = spec[stage]["cmd"]
+        out.append((name, shlex.split(cmd)))
+    return out

@@ -21,7 +21,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Callable, Optional
 
 import yaml
 from filelock import FileLock, Timeout
@@ -94,11 +94,12 @@ OVERRIDES = {
 }
 
 
-def apply_overrides(raw: dict, values: dict, recipe: str | None = None) -> dict:
+def apply_overrides(raw: dict, values: dict, recipe: str | None = None,
+                    overrides: dict[str, str] = OVERRIDES) -> dict:
     """params.yaml with a recipe (configs/recipes/<recipe>.yaml) and then the given overrides, validated
     as a whole (a bad mix is refused by key)."""
     out = recipes.apply(raw, recipes.load(recipe)) if recipe else raw
-    out = recipes.apply(out, {OVERRIDES[param]: value.value if hasattr(value, "value") else value
+    out = recipes.apply(out, {overrides[param]: value.value if hasattr(value, "value") else value
                               for param, value in values.items()})
     parse_params(out, "params.yaml with the flow's overrides" + (f" and recipe {recipe}" if recipe else ""))
     return out
@@ -170,17 +171,25 @@ def self_improve_loop(
 
     Leave every override empty to run on the repo's own params.yaml, in the repo.
     """
+    given = {k: v for k, v in locals().items() if k in OVERRIDES and v is not None}
+    return run_flow(repo, recipe, given, experiment_name, stage_order, OVERRIDES)
+
+
+def run_flow(repo: str, recipe: str | None, given: dict, experiment_name: str | None,
+             order: Callable[[Path], list[str]], overrides: dict[str, str]) -> list[str]:
+    """The stages `order` names, each by `dvc repro -s`: in the repo itself when nothing is
+    overridden, else in a worktree ending as a DVC experiment. Returns the stage names."""
     from prefect.runtime import flow_run
 
     root = Path(repo).resolve()
-    given = {k: v for k, v in locals().items() if k in OVERRIDES and v is not None}
     isolated = bool(given) or recipe is not None or experiment_name is not None
     raw = yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8"))
-    params = apply_overrides(raw, given, str(root / recipes.path_of(recipe)) if recipe else None)  # refused here
+    params = apply_overrides(raw, given, str(root / recipes.path_of(recipe)) if recipe else None,
+                             overrides)  # refused here
     if not isolated:
         try:
             with workspace_lock(root):
-                return _run_stages(root, {}, [])
+                return _run_stages(root, {}, [], order)
         except Timeout:
             raise WorkspaceBusy(f"another self-improve flow is running on {root}; "
                                 "wait for it, or give it overrides or an experiment name to run it "
@@ -195,8 +204,8 @@ def self_improve_loop(
     try:
         env = {"SELF_IMPROVE_EXPERIMENT": name,
                "MLFLOW_TRACKING_URI": os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root / 'mlflow.db'}"}
-        stages = _run_stages(work, env, [])
-        _dvc(["exp", "save", "--name", name], work)
+        stages = _run_stages(work, env, [], order)
+        _dvc(["exp", "save", "--name", name, *stages], work)  # these stages' outputs (not another pipeline's)
         logger.info("saved as DVC experiment %s: see `dvc exp show`", name)
         return stages
     finally:  # the experiment and the DVC cache keep the results; the worktree goes
@@ -205,8 +214,9 @@ def self_improve_loop(
         subprocess.run(["git", "worktree", "prune"], cwd=root, capture_output=True)
 
 
-def _run_stages(workdir: Path, env: dict[str, str], rows: list[dict]) -> list[str]:
-    stages = stage_order(workdir)
+def _run_stages(workdir: Path, env: dict[str, str], rows: list[dict],
+                order: Callable[[Path], list[str]] = stage_order) -> list[str]:
+    stages = order(workdir)
     for stage in stages:
         repro_stage(stage, str(workdir), env)
         _publish(workdir, stage, rows)

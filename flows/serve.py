@@ -1,4 +1,5 @@
-"""Serve the loop flow as a deployment, so the Prefect UI can trigger it with its parameter form.
+"""Serve the loop flow and the CoMAS flow as deployments, so the Prefect UI can trigger them with
+their parameter forms.
 
     prefect server start                      # the API and UI, http://127.0.0.1:4200
     PREFECT_API_URL=http://127.0.0.1:4200/api python -m flows.serve
@@ -12,6 +13,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from prefect import serve
+
+from .comas import self_improve_comas
 from .loop import self_improve_loop
 
 DEPLOYMENT = "self-improve"
@@ -22,12 +26,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repo", default=".", help="the repo the runs work on (default: here)")
     p.add_argument("--limit", type=int, default=2, help="runs of the deployment at once")
     args = p.parse_args(argv)
-    self_improve_loop.serve(
-        name=DEPLOYMENT,
-        parameters={"repo": str(Path(args.repo).resolve())},
+    repo = {"repo": str(Path(args.repo).resolve())}
+    serve(
+        self_improve_loop.to_deployment(
+            name=DEPLOYMENT, parameters=repo, tags=["self-improve"],
+            description="The self-improvement loop: every DVC stage of every iteration as a task."),
+        self_improve_comas.to_deployment(
+            name=DEPLOYMENT, parameters=repo, tags=["self-improve", "comas"],
+            description="CoMAS: agents that solve, evaluate and score each other (comas/dvc.yaml)."),
         limit=args.limit,
-        description="The self-improvement loop: every DVC stage of every iteration as a task.",
-        tags=["self-improve"],
     )
 
 

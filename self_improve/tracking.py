@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import pandas as pd
 
+from self_improve.artifacts import git_sha
 from self_improve.config import TrackingConfig
 
 log = logging.getLogger(__name__)
@@ -134,3 +135,16 @@ def make_tracker(cfg: TrackingConfig) -> Tracker:
     if not cfg.enabled or os.environ.get("SELF_IMPROVE_TRACKING", "1").lower() in ("0", "false", "off"):
         return NoOpTracker()
     return MlflowTracker(cfg.experiment)
+
+
+def run_identity() -> tuple[str, dict[str, str]]:
+    """The parent run's name and tags: the DVC experiment, else the Prefect flow run, else `loop`."""
+    # DVC names `dvc exp run` experiments; a Prefect flow run in its own worktree names its own
+    exp = os.environ.get("DVC_EXP_NAME") or os.environ.get("SELF_IMPROVE_EXPERIMENT", "")
+    flow_run = os.environ.get("SELF_IMPROVE_FLOW_RUN_ID", "")
+    flow_name = os.environ.get("SELF_IMPROVE_FLOW_RUN_NAME", "")
+    name = exp or (f"prefect-{flow_name}" if flow_name else "") or "loop"
+    tags = {"git_commit": git_sha() or "", "dvc_experiment": exp}
+    if flow_run:
+        tags.update(prefect_flow_run_id=flow_run, prefect_flow_run_name=flow_name)
+    return name, tags

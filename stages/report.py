@@ -19,7 +19,7 @@ from self_improve.config import ConfigError, Params, flatten
 from self_improve.errors import PipelineError
 from self_improve.iterations import history, load_iterations
 from self_improve.reporting import COLUMNS, alarms, plot, summary_markdown
-from self_improve.tracking import IterationRecord, LoopRecord, NoOpTracker, make_tracker
+from self_improve.tracking import IterationRecord, LoopRecord, NoOpTracker, make_tracker, run_identity
 
 log = logging.getLogger(__name__)
 
@@ -36,19 +36,6 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resend", action="store_true",
                    help="only log the loop to MLflow again, from the outputs already written (after a "
                         "tracking failure); nothing is rewritten")
-
-
-def run_identity() -> tuple[str, dict[str, str]]:
-    """The parent run's name and tags: the DVC experiment, else the Prefect flow run, else `loop`."""
-    # DVC names `dvc exp run` experiments; a Prefect flow run in its own worktree names its own
-    exp = os.environ.get("DVC_EXP_NAME") or os.environ.get("SELF_IMPROVE_EXPERIMENT", "")
-    flow_run = os.environ.get("SELF_IMPROVE_FLOW_RUN_ID", "")
-    flow_name = os.environ.get("SELF_IMPROVE_FLOW_RUN_NAME", "")
-    name = exp or (f"prefect-{flow_name}" if flow_name else "") or "loop"
-    tags = {"git_commit": art.git_sha() or "", "dvc_experiment": exp}
-    if flow_run:
-        tags.update(prefect_flow_run_id=flow_run, prefect_flow_run_name=flow_name)
-    return name, tags
 
 
 def main(argv: list[str] | None = None) -> None:

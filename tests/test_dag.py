@@ -65,8 +65,22 @@ def _covered(path: str, deps: set[str]) -> bool:
     return any(path == d or path.startswith(d.rstrip("/") + "/") for d in deps)
 
 
+PIPELINES = ("dvc.yaml", "comas/dvc.yaml")  # the loop, and CoMAS (`dvc repro comas/dvc.yaml`)
+
+
+def _stages() -> dict:
+    """Every stage of every pipeline file (comas/dvc.yaml's run from the repo root: wdir ..)."""
+    out = {}
+    for name in PIPELINES:
+        for stage, spec in yaml.safe_load((ROOT / name).read_text())["stages"].items():
+            if name != "dvc.yaml":
+                assert spec.get("do", spec).get("wdir") == "..", f"{name}:{stage}: paths are the repo root's"
+            out[stage if name == "dvc.yaml" else f"{name}:{stage}"] = spec
+    return out
+
+
 def test_every_stage_depends_on_the_modules_it_imports():
-    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    stages = _stages()
     for name, spec in stages.items():
         spec = spec.get("do", spec)
         module = spec["cmd"].split()[2]
@@ -80,7 +94,7 @@ def test_every_stage_depends_on_the_modules_it_imports():
 def test_every_stage_depends_on_the_module_that_pins_the_cpu_kernels():
     """self_improve/cpu.py runs before any stage module (stages/__init__.py imports the library) and
     picks the kernels torch uses: a change to it changes outputs, so every stage declares it."""
-    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    stages = _stages()
     for name, spec in stages.items():
         deps = spec.get("do", spec)["deps"]
         assert {"stages/__init__.py", "self_improve/__init__.py", "self_improve/cpu.py"} <= set(deps), name
@@ -96,7 +110,7 @@ def _declared(module: str, stage: str) -> tuple[str, ...]:
 def test_each_stage_declares_the_params_dvc_yaml_gives_it():
     """One declaration per stage (its module's PARAMS): dvc.yaml's params list is the same set, so a
     change to a key the stage reads reruns it, and a key it does not read does not."""
-    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    stages = _stages()
     for name, spec in stages.items():
         spec = spec.get("do", spec)
         module = spec["cmd"].split()[2]
@@ -137,7 +151,7 @@ def test_a_stage_that_reads_an_undeclared_key_stops_naming_it(tmp_path, capsys):
 def test_no_stage_depends_on_library_modules_it_does_not_import():
     """The other way round: a library module a stage never imports is not its dep, so an edit to it
     reruns nothing it cannot change."""
-    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    stages = _stages()
     for name, spec in stages.items():
         spec = spec.get("do", spec)
         path = ROOT.joinpath(*spec["cmd"].split()[2].split(".")).with_suffix(".py")

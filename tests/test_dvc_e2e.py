@@ -79,7 +79,7 @@ def test_noop_and_single_stage_rerun(repo):
     out = sh(["dvc", "repro", "-s", "-f", "judge@it2"], work, env)
     assert "Running stage 'judge@it2'" in out and out.count("Running stage") == 1
     assert (work / "data/it2/judgments.parquet").read_bytes() == before
-    assert json.loads(sh(["dvc", "status", "--json"], work, env)) == {}
+    assert json.loads(sh(["dvc", "status", "--json", "dvc.yaml"], work, env)) == {}
 
 
 def _outputs(root: Path) -> dict[str, bytes]:
@@ -124,7 +124,7 @@ def test_bad_params_through_dvc_repro_lose_nothing(repo):
             assert _outputs(work) == before, f"{needle}: the workspace changed"
     finally:
         params.write_bytes(good)
-    assert json.loads(sh(["dvc", "status", "--json"], work, env)) == {}
+    assert json.loads(sh(["dvc", "status", "--json", "dvc.yaml"], work, env)) == {}
 
 
 @pytest.mark.parametrize("task, needle", [
@@ -211,7 +211,7 @@ def test_every_file_a_stage_reads_is_declared_in_dvc_yaml(repo, tmp_path):
                 continue  # an output's temporary sibling (written, then renamed into place)
             undeclared.add(path)
         assert not undeclared, f"{name} reads {sorted(undeclared)} that dvc.yaml does not declare for it"
-    assert json.loads(sh(["dvc", "status", "--json"], work, env)) == {}
+    assert json.loads(sh(["dvc", "status", "--json", "dvc.yaml"], work, env)) == {}
 
 
 def _read_model_dir(path: Path) -> None:
@@ -500,7 +500,7 @@ def test_a_team_shares_artifacts_and_experiments_through_a_dvc_remote(repo, tmp_
     sh(["dvc", "pull"], b, env_b)
     out = sh(["dvc", "repro"], b, env_b)
     assert "Running stage" not in out and "up to date" in out, out
-    assert json.loads(sh(["dvc", "status", "--json"], b, env_b)) == {}
+    assert json.loads(sh(["dvc", "status", "--json", "dvc.yaml"], b, env_b)) == {}
     mine, theirs = _outputs(b), _outputs(a)
     assert [k for k in theirs if k.startswith("data/") and mine.get(k) != theirs[k]] == []
     sh(["dvc", "exp", "pull", "origin", "quiet-report"], b, env_b)
@@ -540,7 +540,7 @@ def test_the_report_logs_to_a_tracking_server_and_survives_it_being_down(repo, t
     assert f"MLflow tracking at {base} failed" in said and "make mlflow-resend" in said
     assert time.perf_counter() - started < 300  # a few retries, not MLflow's minutes of them
     assert (work / "reports/summary.md").read_bytes() == before
-    assert json.loads(sh(["dvc", "status", "--json"], work, env)) == {}
+    assert json.loads(sh(["dvc", "status", "--json", "dvc.yaml"], work, env)) == {}
 
     server = subprocess.Popen(
         ["mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp_path}/server.db",
@@ -566,3 +566,65 @@ def test_the_report_logs_to_a_tracking_server_and_survives_it_being_down(repo, t
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=60)
+
+
+def test_comas_on_a_model_without_a_chat_template_or_with_bad_agents_loses_nothing(repo):
+    """`dvc repro comas/dvc.yaml` on the tiny default (no chat template) stops at comas_init naming
+    model.base; a bad agents value stops at check_params naming it; every output keeps its bytes."""
+    work, env, _ = repo
+    params = work / "params.yaml"
+    good = params.read_bytes()
+    before = _outputs(work)
+    try:
+        proc = subprocess.run(["dvc", "repro", "comas/dvc.yaml"], cwd=work, env=env, capture_output=True, text=True,
+                              timeout=300)
+        said = proc.stdout + proc.stderr
+        assert proc.returncode != 0
+        assert "comas_init: error: model.base: CoMAS needs a chat model" in said, said[-2000:]
+        assert "comas_discuss" not in said
+        for over, needle in (({"n": 1}, "agents.n"), ({"rounds": 0}, "agents.rounds")):
+            raw = yaml.safe_load(good)
+            raw["agents"].update(over)
+            params.write_text(yaml.safe_dump(raw))
+            proc = subprocess.run(["dvc", "repro", "comas/dvc.yaml"], cwd=work, env=env, capture_output=True,
+                                  text=True, timeout=300)
+            said = proc.stdout + proc.stderr
+            assert proc.returncode != 0 and f"check_params: error: params.yaml: {needle}" in said, said[-2000:]
+        assert _outputs(work) == before
+        assert not (work / "data" / "comas").exists()
+    finally:
+        params.write_bytes(good)
+    assert json.loads(sh(["dvc", "status", "--json", "dvc.yaml"], work, env)) == {}
+
+
+def test_comas_runs_through_dvc_and_then_has_nothing_to_do(tmp_path, bpe_model_dir):
+    """CoMAS on a chat model through `dvc repro comas/dvc.yaml`: base + 2 iterations, then a no-op;
+    one stage rerun on its own gives the same adapters; each agent has its MLflow run."""
+    raw = deep_merge(PARAMS, {
+        "model": {"base": str(bpe_model_dir), "max_length": 160},
+        "evaluate": {"max_new_tokens": 4},
+        "train": {"batch_size": 8, "epochs": 1, "lora": {"r": 4, "alpha": 8}},
+        "agents": {"rounds": 2, "references": 1, "problems": 2, "max_new_tokens": 6}})
+    env = _env(tmp_path)
+    git_copy(tmp_path, raw, env)
+    out = sh(["dvc", "repro", "comas/dvc.yaml"], tmp_path, env)
+    for stage in ("prepare", "evaluate_base", "comas/dvc.yaml:comas_init", "comas/dvc.yaml:comas_discuss@it2",
+                  "comas/dvc.yaml:comas_train@it2", "comas/dvc.yaml:comas_report"):
+        assert f"Running stage '{stage}'" in out
+    assert "Running stage 'evolve@it1'" not in out  # the loop's iterations are not CoMAS's
+    again = sh(["dvc", "repro", "comas/dvc.yaml"], tmp_path, env)
+    assert "Running stage" not in again and "up to date" in again
+    adapter = tmp_path / "data/comas/it1/agents/agent1/adapters/it1/adapter_model.safetensors"
+    before = adapter.read_bytes()
+    out = sh(["dvc", "repro", "-s", "-f", "comas/dvc.yaml:comas_train@it1"], tmp_path, env)
+    assert out.count("Running stage") == 1 and adapter.read_bytes() == before
+    assert json.loads(sh(["dvc", "status", "--json", "comas/dvc.yaml"], tmp_path, env)) == {}
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    exp = client.get_experiment_by_name("e2e")
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if "comas_agent" in r.data.tags and "mlflow.parentRunId" not in r.data.tags]
+    assert sorted(r.data.tags["comas_agent"] for r in parents) == ["agent0", "agent1"]
+    for r in parents:
+        assert {"accuracy", "score_parse_rate", "reward_solution"} <= set(r.data.metrics)

@@ -86,7 +86,7 @@ def test_flow_runs_every_stage_as_a_task(tmp_path, prefect_harness, monkeypatch)
     for it in ("it0", "it1", "it2", "it3"):
         assert (tmp_path / "reports" / "iterations" / it / "metrics.json").is_file()
     # the flow and `dvc repro` share one cache: nothing is left to do
-    out = subprocess.run([sys.executable, "-m", "dvc", "status"], cwd=tmp_path, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "dvc", "status", "dvc.yaml"], cwd=tmp_path, capture_output=True, text=True,
                          env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
     assert "up to date" in out.stdout, out.stdout
     # the loop's MLflow parent run is named after the flow run and tagged with its id
@@ -110,3 +110,28 @@ def test_a_second_flow_on_the_same_workspace_is_refused(tmp_path, prefect_harnes
     with pytest.raises(WorkspaceBusy, match="another self-improve flow is running"):
         state.result()
     assert not (tmp_path / "data" / "task").exists()  # nothing ran
+
+
+def test_the_comas_flow_runs_its_stages_with_an_override_as_an_experiment(tmp_path, prefect_harness, bpe_model_dir):
+    """CoMAS's flow: the loop's base stages and comas/dvc.yaml's, each a task, in a worktree (an
+    override given) that ends as a DVC experiment; the working copy is untouched."""
+    from flows.comas import self_improve_comas
+    from flows.dag import comas_order
+
+    from .conftest import deep_merge
+
+    raw = deep_merge(tiny_full(), {
+        "model": {"base": str(bpe_model_dir), "max_length": 160}, "evaluate": {"max_new_tokens": 4},
+        "train": {"batch_size": 8, "epochs": 1, "lora": {"r": 4, "alpha": 8}},
+        "agents": {"rounds": 1, "references": 1, "problems": 2, "max_new_tokens": 6, "loop": {"it1": {"prev": "it0"}}}})
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    git_copy(tmp_path, raw, env)
+    before = (tmp_path / "params.yaml").read_bytes()
+    state = self_improve_comas(str(tmp_path), agents=3, experiment_name="comas-3", return_state=True)
+    assert state.is_completed(), state
+    assert state.result() == comas_order(tmp_path)
+    assert state.result()[-1] == "comas/dvc.yaml:comas_report"
+    assert (tmp_path / "params.yaml").read_bytes() == before
+    shown = subprocess.run([sys.executable, "-m", "dvc", "exp", "show", "--json"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, check=True).stdout
+    assert "comas-3" in shown

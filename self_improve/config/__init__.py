@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from self_improve.config.agents import AgentLink, AgentsConfig  # noqa: F401 (re-exported)
 from self_improve.config.base import _Section
 from self_improve.config.judging import (  # noqa: F401 (re-exported)
     CrossView,
@@ -103,6 +104,7 @@ class Params(_Section):
     evaluate: EvaluateConfig = EvaluateConfig()
     tracking: TrackingConfig = TrackingConfig()
     security: SecurityConfig = SecurityConfig()
+    agents: AgentsConfig = AgentsConfig()  # CoMAS (comas/dvc.yaml); the loop never reads it
     loop: dict[str, IterationLink]
 
     @model_validator(mode="after")

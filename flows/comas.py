@@ -1,0 +1,42 @@
+"""CoMAS as a Prefect flow: the stages of comas/dvc.yaml (after the loop's base stages it reads),
+each by `dvc repro -s`, in the repo or, with overrides, in a worktree that ends as a DVC experiment
+(flows/loop.py's `run_flow`). Run it with `python -m flows.comas`, or serve it with `python -m flows.serve`.
+"""
+
+import sys
+from typing import Annotated, Optional
+
+from prefect import flow
+from pydantic import Field
+
+from .dag import comas_order
+from .loop import run_flow
+
+# (flow parameter, params.yaml key) for every override the form offers
+OVERRIDES = {
+    "agents": "agents.n",
+    "rounds": "agents.rounds",
+    "problems": "agents.problems",
+    "seed": "seed",
+}
+
+
+@flow(name="self-improve-comas", log_prints=True, validate_parameters=True)
+def self_improve_comas(
+    repo: str = ".",
+    recipe: Optional[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$",
+                                          description="a recipe of configs/recipes/, applied first")]] = None,
+    agents: Optional[Annotated[int, Field(ge=2, le=8, description="agents.n")]] = None,
+    rounds: Optional[Annotated[int, Field(ge=1, le=8, description="agents.rounds")]] = None,
+    problems: Optional[Annotated[int, Field(ge=1, description="agents.problems")]] = None,
+    seed: Optional[Annotated[int, Field(ge=0, description="seed")]] = None,
+    experiment_name: Optional[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$",
+                                                   description="DVC experiment name")]] = None,
+) -> list[str]:
+    """Run every stage of a CoMAS run in dependency order; returns the stage names."""
+    given = {k: v for k, v in locals().items() if k in OVERRIDES and v is not None}
+    return run_flow(repo, recipe, given, experiment_name, comas_order, OVERRIDES)
+
+
+if __name__ == "__main__":
+    self_improve_comas(sys.argv[1] if len(sys.argv) > 1 else ".")
