@@ -63,7 +63,8 @@ SMOL_RECIPE = $(shell $(PY) -m self_improve.recipes $(RECIPE) -S sample.backend=
 loop-smollm2: smollm2  ## the loop on SmolLM2-135M-Instruct, word problems, as DVC experiment smol-JUDGE-sSEED (JUDGE=co_reward SEED=0 ENGINE=ct2|hf; TARGET=evaluate@it2 stops there)
 	dvc exp run -n smol-$(JUDGE)-s$(SEED) $(SMOL_RECIPE) -S judge.method=$(JUDGE) -S seed=$(SEED) $(TARGET)
 
-loop-comas: smollm2  ## CoMAS on SmolLM2-135M-Instruct: 2 agents solve, evaluate and score each other, base + 2 iterations (comas/dvc.yaml), as DVC experiment comas-sSEED; results in reports/comas/
+loop-comas: smollm2  ## CoMAS on SmolLM2-135M-Instruct: 2 agents solve, evaluate and score each other, base + 2 iterations (comas/dvc.yaml, installed first), as DVC experiment comas-sSEED; results in reports/comas/
+	$(PY) -m scripts.comas_pipeline
 	dvc exp run -n comas-s$(SEED) $(SMOL_RECIPE) $(shell $(PY) -m self_improve.recipes comas) -S seed=$(SEED) comas/dvc.yaml
 
 loops-smollm2: smollm2  ## the real-model comparison: each judge over seeds, results to reports/smollm2_v2/ (RECIPE=smollm2-v1: reports/smollm2/; JUDGES=..., SEEDS=...)

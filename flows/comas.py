@@ -1,15 +1,17 @@
 """CoMAS as a Prefect flow: the stages of comas/dvc.yaml (after the loop's base stages it reads),
 each by `dvc repro -s`, in the repo or, with overrides, in a worktree that ends as a DVC experiment
-(flows/loop.py's `run_flow`). Run it with `python -m flows.comas`, or serve it with `python -m flows.serve`.
+(flows/loop.py's `run_flow`); comas/dvc.yaml is installed from its template first where it is
+missing. Run it with `python -m flows.comas`, or serve it with `python -m flows.serve`.
 """
 
 import sys
+from pathlib import Path
 from typing import Annotated, Optional
 
 from prefect import flow
 from pydantic import Field
 
-from .dag import comas_order
+from .dag import COMAS_FILE, comas_order, install_comas
 from .loop import run_flow
 
 # (flow parameter, params.yaml key) for every override the form offers
@@ -35,7 +37,8 @@ def self_improve_comas(
 ) -> list[str]:
     """Run every stage of a CoMAS run in dependency order; returns the stage names."""
     given = {k: v for k, v in locals().items() if k in OVERRIDES and v is not None}
-    return run_flow(repo, recipe, given, experiment_name, comas_order, OVERRIDES)
+    return run_flow(repo, recipe, given, experiment_name, comas_order, OVERRIDES, setup=install_comas,
+                    include=(str(Path(COMAS_FILE).parent),))
 
 
 if __name__ == "__main__":

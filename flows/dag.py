@@ -7,6 +7,7 @@ benchmarks agree with DVC on what runs and in which order.
 from __future__ import annotations
 
 import shlex
+import sys
 from pathlib import Path
 
 import yaml
@@ -40,14 +41,35 @@ def stage_commands(repo: Path) -> list[tuple[str, list[str]]]:
     return out
 
 
-# CoMAS (comas/dvc.yaml): the loop's stages it reads, then its own, iterations from `agents.loop`
+# CoMAS (comas/dvc.yaml, installed from its template): the loop's stages it reads, then its own,
+# iterations from `agents.loop`
 COMAS_FILE = "comas/dvc.yaml"
+COMAS_TEMPLATE = "configs/pipelines/comas.dvc.yaml"
 COMAS_BASE = ("check_params", "prepare", "engine_base", "evaluate_base")  # ../dvc.yaml stages it reads
 COMAS_STEPS = ("comas_discuss", "comas_train", "comas_evaluate")
 
 
 def _agents_loop(repo: Path) -> dict:
     return (yaml.safe_load((repo / "params.yaml").read_text(encoding="utf-8")).get("agents") or {}).get("loop") or {}
+
+
+def install_comas(repo: Path) -> Path:
+    """comas/dvc.yaml written from the template (opt-in: DVC's pull, checkout and `exp apply` stop
+    on a pipeline that never ran); an installed copy that differs is the user's, kept as it is."""
+    target, template = repo / COMAS_FILE, (repo / COMAS_TEMPLATE).read_text(encoding="utf-8")
+    if target.is_file():
+        if target.read_text(encoding="utf-8") != template:
+            print(f"{target} differs from {COMAS_TEMPLATE}: kept as it is", file=sys.stderr)
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(template, encoding="utf-8")
+    return target
+
+
+def _comas_spec(repo: Path) -> dict:
+    installed = repo / COMAS_FILE
+    path = installed if installed.is_file() else repo / COMAS_TEMPLATE
+    return yaml.safe_load(path.read_text(encoding="utf-8"))["stages"]
 
 
 def comas_order(repo: Path) -> list[str]:
@@ -60,7 +82,7 @@ def comas_order(repo: Path) -> list[str]:
 def comas_commands(repo: Path) -> list[tuple[str, list[str]]]:
     """(stage name, argv) of every stage of a CoMAS run, in order, `${key}` / `${item.prev}` filled in."""
     root = dict(stage_commands(repo))
-    spec = yaml.safe_load((repo / COMAS_FILE).read_text(encoding="utf-8"))["stages"]
+    spec = _comas_spec(repo)
     agents = _agents_loop(repo)
     out = []
     for name in comas_order(repo):

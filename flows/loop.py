@@ -176,9 +176,11 @@ def self_improve_loop(
 
 
 def run_flow(repo: str, recipe: str | None, given: dict, experiment_name: str | None,
-             order: Callable[[Path], list[str]], overrides: dict[str, str]) -> list[str]:
+             order: Callable[[Path], list[str]], overrides: dict[str, str],
+             setup: Callable[[Path], object] | None = None, include: tuple[str, ...] = ()) -> list[str]:
     """The stages `order` names, each by `dvc repro -s`: in the repo itself when nothing is
-    overridden, else in a worktree ending as a DVC experiment. Returns the stage names."""
+    overridden, else in a worktree ending as a DVC experiment (with the untracked paths `include`
+    names). `setup` runs on the workspace first. Returns the stage names."""
     from prefect.runtime import flow_run
 
     root = Path(repo).resolve()
@@ -189,6 +191,8 @@ def run_flow(repo: str, recipe: str | None, given: dict, experiment_name: str | 
     if not isolated:
         try:
             with workspace_lock(root):
+                if setup:
+                    setup(root)
                 return _run_stages(root, {}, [], order)
         except Timeout:
             raise WorkspaceBusy(f"another self-improve flow is running on {root}; "
@@ -200,12 +204,15 @@ def run_flow(repo: str, recipe: str | None, given: dict, experiment_name: str | 
         raise ValueError(f"experiment_name: a DVC experiment {name!r} exists already; "
                          f"pick another name or remove it (`dvc exp remove {name}`)")
     work = make_worktree(root, name, params)
+    if setup:
+        setup(work)
     logger.info("running in worktree %s as experiment %s with %s", work, name, given)
     try:
         env = {"SELF_IMPROVE_EXPERIMENT": name,
                "MLFLOW_TRACKING_URI": os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root / 'mlflow.db'}"}
         stages = _run_stages(work, env, [], order)
-        _dvc(["exp", "save", "--name", name, *stages], work)  # these stages' outputs (not another pipeline's)
+        extra = [a for path in include for a in ("-I", path)]
+        _dvc(["exp", "save", "--name", name, *extra, *stages], work)  # these stages' outputs (not another pipeline's)
         logger.info("saved as DVC experiment %s: see `dvc exp show`", name)
         return stages
     finally:  # the experiment and the DVC cache keep the results; the worktree goes

@@ -65,7 +65,7 @@ def _covered(path: str, deps: set[str]) -> bool:
     return any(path == d or path.startswith(d.rstrip("/") + "/") for d in deps)
 
 
-PIPELINES = ("dvc.yaml", "comas/dvc.yaml")  # the loop, and CoMAS (`dvc repro comas/dvc.yaml`)
+PIPELINES = ("dvc.yaml", "configs/pipelines/comas.dvc.yaml")  # the loop, and CoMAS's (installed as comas/dvc.yaml)
 
 
 def _stages() -> dict:

@@ -568,10 +568,15 @@ def test_the_report_logs_to_a_tracking_server_and_survives_it_being_down(repo, t
         server.wait(timeout=60)
 
 
-def test_comas_on_a_model_without_a_chat_template_or_with_bad_agents_loses_nothing(repo):
+def test_comas_on_a_model_without_a_chat_template_or_with_bad_agents_loses_nothing(repo, tmp_path):
     """`dvc repro comas/dvc.yaml` on the tiny default (no chat template) stops at comas_init naming
     model.base; a bad agents value stops at check_params naming it; every output keeps its bytes."""
-    work, env, _ = repo
+    from flows.dag import install_comas
+
+    work = tmp_path / "ws"  # a copy: the installed pipeline stays out of the shared workspace
+    shutil.copytree(repo[0], work, symlinks=True)
+    env = {**repo[1], "MLFLOW_TRACKING_URI": f"sqlite:///{work}/mlflow.db"}
+    install_comas(work)
     params = work / "params.yaml"
     good = params.read_bytes()
     before = _outputs(work)
@@ -607,6 +612,7 @@ def test_comas_runs_through_dvc_and_then_has_nothing_to_do(tmp_path, bpe_model_d
         "agents": {"rounds": 2, "references": 1, "problems": 2, "max_new_tokens": 6}})
     env = _env(tmp_path)
     git_copy(tmp_path, raw, env)
+    sh([sys.executable, "-m", "scripts.comas_pipeline"], tmp_path, env)  # opt-in: comas/dvc.yaml installed
     out = sh(["dvc", "repro", "comas/dvc.yaml"], tmp_path, env)
     for stage in ("prepare", "evaluate_base", "comas/dvc.yaml:comas_init", "comas/dvc.yaml:comas_discuss@it2",
                   "comas/dvc.yaml:comas_train@it2", "comas/dvc.yaml:comas_report"):
