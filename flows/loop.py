@@ -204,10 +204,10 @@ def run_flow(repo: str, recipe: str | None, given: dict, experiment_name: str | 
         raise ValueError(f"experiment_name: a DVC experiment {name!r} exists already; "
                          f"pick another name or remove it (`dvc exp remove {name}`)")
     work = make_worktree(root, name, params)
-    if setup:
-        setup(work)
     logger.info("running in worktree %s as experiment %s with %s", work, name, given)
     try:
+        if setup:
+            setup(work)
         env = {"SELF_IMPROVE_EXPERIMENT": name,
                "MLFLOW_TRACKING_URI": os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root / 'mlflow.db'}"}
         stages = _run_stages(work, env, [], order)
