@@ -11,7 +11,7 @@ from self_improve import artifacts as art
 from self_improve.agents.discussion import TRANSCRIPTS, Problem, agent_metrics, discuss
 from self_improve.agents.roster import agent_model, problems
 from self_improve.cli import derive_seed, run_stage, stage_provenance
-from self_improve.config import ConfigError, Params
+from self_improve.config import Params
 from self_improve.engines.hf import SamplingSpec
 from self_improve.engines.sampler import open_sampler
 from self_improve.models.loading import set_threads
@@ -35,10 +35,7 @@ def _args(p: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> None:
     def body(args: argparse.Namespace, params: Params) -> None:
         cfg = params.agents
-        try:
-            step = cfg.index(args.iteration)
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
+        step = cfg.index(args.iteration)
         set_threads()
         task = task_for(params.task)
         todo = problems(task, cfg, params.evolve, args.iteration, derive_seed(params.seed, "comas", args.iteration),

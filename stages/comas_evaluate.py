@@ -14,7 +14,7 @@ import pyarrow as pa
 from self_improve import artifacts as art
 from self_improve.agents.roster import agent_model
 from self_improve.cli import derive_seed, run_stage, stage_provenance
-from self_improve.config import ConfigError, Params
+from self_improve.config import Params
 from self_improve.engines.sampler import open_sampler
 from self_improve.evaluation import gains, model_metrics
 from self_improve.models.loading import set_threads
@@ -43,10 +43,7 @@ def _args(p: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     def body(args: argparse.Namespace, params: Params) -> None:
-        try:
-            step = params.agents.index(args.iteration)
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
+        step = params.agents.index(args.iteration)
         set_threads()
         task = task_for(params.task)
         heldout, ttt = art.read_table(args.heldout, art.PROMPTS), art.read_table(args.ttt, art.PROMPTS)

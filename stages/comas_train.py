@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
         set_threads()
         transcripts = art.read_table(args.transcripts, TRANSCRIPTS)
         cfg = params.train.model_copy(update={"algorithm": Algorithm.grpo})
-        metrics, out = {}, {}
+        metrics = {}
         with art.atomic_path(args.out, is_dir=True) as tmp:
             for k in range(params.agents.n):
                 rows = buffer(transcripts, k)
@@ -58,8 +58,7 @@ def main(argv: list[str] | None = None) -> None:
                 prov["agent"] = k
                 save_adapter_chain(trained, start, args.base, args.iteration, agent_dir(tmp, k), prov)
                 metrics[f"agent{k}"] = {"train_examples": n, **train_log.summary()}
-                out[k] = n
-        log.info("trained %s", ", ".join(f"agent{k} on {n} outputs" for k, n in out.items()))
+        log.info("trained %s", ", ".join(f"{a} on {m['train_examples']} outputs" for a, m in metrics.items()))
         art.write_json({"iteration": args.iteration, "agents": metrics}, args.metrics)
 
     run_stage("comas_train", _args, body, argv, reads=PARAMS)

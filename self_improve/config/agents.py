@@ -10,6 +10,7 @@ import re
 from pydantic import Field, field_validator, model_validator
 
 from self_improve.config.base import _Section
+from self_improve.errors import ConfigError
 
 
 class AgentLink(_Section):
@@ -56,5 +57,5 @@ class AgentsConfig(_Section):
 
     def index(self, name: str) -> int:
         if name != "it0" and name not in self.loop:
-            raise ValueError(f"unknown iteration {name!r}; params.yaml agents.loop has {list(self.loop)}")
+            raise ConfigError(f"unknown iteration {name!r}; params.yaml agents.loop has {list(self.loop)}")
         return int(name[2:])
