@@ -161,18 +161,69 @@ def run_experiment(name: str, args: list[str], dest: Path, *, force: bool = Fals
     if rc != 0:
         print(f"{name}: failed (exit {rc})", file=sys.stderr)
         return None
-    metrics = {it: json.loads((root / "reports" / "iterations" / it / "metrics.json").read_text())
-               for it in iterations(root)}
+    return keep_result(name, args, dest, root, ran=ran, base=base, wall=wall, extra=extra, report_dir=report_dir)
+
+
+def keep_result(name: str, args: list[str], dest: Path, work: Path, *, ran: str, base: str, wall: float,
+                extra: dict | None = None, report_dir: Path | None = None, runner: dict | None = None) -> Path:
+    """A finished run's per-iteration metrics (`work`/reports/iterations) to `dest`, with the params it
+    ran (`ran`, a params.yaml text) against `base`, and its summary and figures to `report_dir`."""
+    metrics = {it: json.loads((work / "reports" / "iterations" / it / "metrics.json").read_text())
+               for it in iterations(work)}
     result = {"experiment": name, "args": args, "wall_seconds": round(wall, 1), **(extra or {}),
-              "params_diff": params_diff(ran, base), "machine": machine(),
+              "params_diff": params_diff(ran, base), "machine": machine() | (runner or {}),
               "params_set": {k: flatten(yaml.safe_load(ran)).get(k) for k in _set_by(args)},
               "metrics": {it: {k: m[k] for k in KEYS if k in m} for it, m in metrics.items()}}
     dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    tmp = dest.with_name(dest.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     if report_dir is not None:
-        keep_report(root, report_dir)
+        keep_report(work, report_dir)
+    tmp.replace(dest)
     print(f"{name}: {wall / 60:.1f} min -> {dest}", flush=True)
     return dest
+
+
+def run_plain(name: str, args: list[str], dest: Path, *, workdir: Path, force: bool = False, root: Path = ROOT,
+              extra: dict | None = None, timings: Path | None = None, report_dir: Path | None = None,
+              threads: int | None = None) -> Path | None:
+    """The same run as run_experiment without DVC (scripts/plain.py): `workdir`/`name` made fresh with
+    the workspace's params.yaml plus the `-S` overrides of `args`, every stage run there in one
+    process, the result kept the same way and marked `runner: plain`. For a machine without DVC;
+    several may run at once (each in its own workspace, `threads` CPU threads each)."""
+    from scripts import plain
+    from self_improve import recipes
+
+    if dest.exists() and not force:
+        print(f"{name}: done already ({dest})", flush=True)
+        return dest
+    unknown = [a for a, prev in zip(args, [None, *args]) if a != "-S" and prev != "-S"]
+    if unknown:
+        raise SystemExit(f"{name}: a plain run takes only -S KEY=VALUE overrides, got {unknown}")
+    base = (root / "params.yaml").read_text()
+    ran = yaml.safe_dump(recipes.apply(yaml.safe_load(base), _set_by(args)), sort_keys=False)
+    work = plain.prepare_workspace(workdir / name, ran, root)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               SELF_IMPROVE_TRACKING="0")
+    if threads:
+        env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    if timings is not None:
+        timings.parent.mkdir(parents=True, exist_ok=True)
+        timings.unlink(missing_ok=True)
+        env["SELF_IMPROVE_TIMINGS"] = str(timings.resolve())
+    print(f"+ plain {name} in {work} (log: {work / 'run.log'})", flush=True)
+    t0 = time.perf_counter()
+    with (work / "run.log").open("w") as log:
+        rc = subprocess.run([sys.executable, "-m", "scripts.plain", str(work)], cwd=ROOT, env=env,
+                            stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+    wall = time.perf_counter() - t0
+    if rc != 0:
+        tail = (work / "run.log").read_text(errors="replace").splitlines()[-15:]
+        print(f"{name}: failed (exit {rc}), {work / 'run.log'} ends:\n" + "\n".join(tail), file=sys.stderr, flush=True)
+        return None
+    runner = {"runner": "plain"} | json.loads((work / "device.json").read_text())
+    return keep_result(name, args, dest, work, ran=ran, base=base, wall=wall, extra=extra, report_dir=report_dir,
+                       runner=runner)
 
 
 def machine() -> dict[str, Any]:

@@ -1,0 +1,86 @@
+"""The loop's stages without DVC: every stage of dvc.yaml, in order, in one process, in a workspace of its own.
+
+    python -m scripts.plain WORKDIR     # WORKDIR holds dvc.yaml and params.yaml; every output lands there
+
+For a machine that has the project's Python packages but not DVC (a GPU host without a package
+index, say): no cache, no lock, every stage runs once. The stages and their arguments are the ones
+`dvc repro` runs (flows/dag.py reads them from dvc.yaml), so a result does not depend on the
+runner; what it loses is DVC's versioning and cache. `scripts.real_loops --plain DIR` makes one such
+workspace per (judge, seed) (scripts/seeds.py's run_plain) and runs several at once (`--jobs`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# what a stage reads from the tree besides its code: the pipeline, tracked inputs, recipes' configs;
+# models/ is linked (the base checkpoints `make smollm2` and friends put there)
+COPIED = ("dvc.yaml", "data/inputs", "configs")
+LINKED = ("models",)
+
+
+def prepare_workspace(work: Path, params_text: str, root: Path = ROOT) -> Path:
+    """A fresh `work`: dvc.yaml, params.yaml (`params_text`), data/inputs, configs, and a link to models/."""
+    if work.resolve() == root.resolve():
+        raise SystemExit(f"{work}: the workspace of a plain run cannot be the repository itself")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    for rel in COPIED:
+        src = root / rel
+        if src.is_dir():
+            shutil.copytree(src, work / rel)
+        elif src.is_file():
+            (work / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, work / rel)
+    for rel in LINKED:
+        if (root / rel).exists():
+            (work / rel).symlink_to((root / rel).resolve(), target_is_directory=True)
+    (work / "params.yaml").write_text(params_text)
+    return work
+
+
+def device() -> dict:
+    """Where the stages ran: the accelerator torch sees (none: CPU)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return {"accelerator": torch.cuda.get_device_name(0), "torch": torch.__version__}
+    return {"accelerator": None, "torch": torch.__version__}
+
+
+def run_stages(work: Path) -> None:
+    """Every stage's main() with dvc.yaml's arguments, in DAG order, with `work` as the working directory;
+    a failing stage stops the run (its exception propagates: non-zero exit)."""
+    from flows.dag import stage_commands
+
+    os.chdir(work)
+    (work / "device.json").write_text(json.dumps(device()) + "\n")
+    for name, argv in stage_commands(work):
+        if argv[:2] != ["python", "-m"]:
+            raise SystemExit(f"{work / 'dvc.yaml'}: stage {name}: expected `python -m stages.<name> ...`, got {argv[:3]}")
+        started = time.perf_counter()
+        print(f"== {name}", flush=True)
+        importlib.import_module(argv[2]).main(argv[3:])
+        print(f"== {name}: {time.perf_counter() - started:.1f} s", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        raise SystemExit("usage: python -m scripts.plain WORKDIR")
+    work = Path(args[0]).resolve()
+    for rel in ("dvc.yaml", "params.yaml"):
+        if not (work / rel).is_file():
+            raise SystemExit(f"{work}: no {rel} (make the workspace with scripts.plain.prepare_workspace)")
+    run_stages(work)
+
+
+if __name__ == "__main__":
+    main()
