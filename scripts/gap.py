@@ -188,16 +188,23 @@ RULES = {  # name -> judge and pairs overrides: today's judges and the label-fre
 }
 
 
-def rule(name: str, params) -> tuple[JudgeConfig, PairsConfig]:
-    """A rule of RULES (or `method[:mode]`) as the judge and pairs configs it runs with."""
+def rule_overrides(name: str) -> dict[str, object]:
+    """A rule of RULES (or `method[:mode]`) as dotted params overrides: `judge.*` and `pairs.*`."""
     if name in RULES:
-        over = dict(RULES[name])
+        over = RULES[name]
     else:
         method, _, mode = name.partition(":")
         over = {"method": method, **({"mode": mode} if mode else {})}
-    pairs = {k.split(".", 1)[1]: over.pop(k) for k in list(over) if k.startswith("pairs.")}
-    return (JudgeConfig(**{**params.judge.model_dump(), **over}),
-            PairsConfig(**{**params.pairs.model_dump(), **pairs}))
+    return {k if k.startswith("pairs.") else f"judge.{k}": v for k, v in over.items()}
+
+
+def rule(name: str, params) -> tuple[JudgeConfig, PairsConfig]:
+    """A rule of RULES (or `method[:mode]`) as the judge and pairs configs it runs with."""
+    over = rule_overrides(name)
+    section = {sec: {k.split(".", 1)[1]: v for k, v in over.items() if k.startswith(f"{sec}.")}
+               for sec in ("judge", "pairs")}
+    return (JudgeConfig(**{**params.judge.model_dump(), **section["judge"]}),
+            PairsConfig(**{**params.pairs.model_dump(), **section["pairs"]}))
 
 
 def sample_stats(samples: pd.DataFrame, task, params, seconds: float) -> dict:

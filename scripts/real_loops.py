@@ -39,13 +39,9 @@ def recipe(name: str) -> list[str]:
 
 def judge_overrides(judge: str) -> list[str]:
     """`-S` overrides of a judge: a rule of scripts/gap.py, or judge.method[:mode]."""
-    from scripts.gap import RULES
+    from scripts.gap import rule_overrides
 
-    if judge in RULES:
-        return [a for k, v in RULES[judge].items()
-                for a in ("-S", f"{k if k.startswith('pairs.') else 'judge.' + k}={str(v).lower() if isinstance(v, bool) else v}")]
-    method, _, mode = judge.partition(":")
-    return ["-S", f"judge.method={method}"] + (["-S", f"judge.mode={mode}"] if mode else [])
+    return recipes.set_args(rule_overrides(judge))
 
 
 def run_one(judge: str, seed: int, force: bool, recipe_name: str = "smollm2-v2", *, out: Path | None = None,

@@ -68,3 +68,20 @@ def test_the_flow_applies_a_recipe_then_its_own_overrides(monkeypatch):
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     out = apply_overrides(raw, {"temperature": 0.7}, "smollm2-v2")
     assert out["sample"]["temperature"] == 0.7 and out["sample"]["k"] == 8 and out["task"]["heldout_size"] == 512
+
+
+def test_every_diagnosed_rule_runs_as_a_loop_with_the_configs_the_diagnosis_measured():
+    """scripts/gap.py measures each label-free rule on it0's samples; scripts/real_loops.py loops it with
+    `-S` overrides: both read the one table, so the loop runs the judge and pairs the diagnosis scored."""
+    from scripts.gap import RULES, rule
+    from scripts.real_loops import judge_overrides
+
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    base = parse_params(raw, "params.yaml")
+    for name in [*RULES, "llm_judge:yes_logprob"]:
+        args = judge_overrides(name)
+        looped = parse_params(recipes.apply(raw, args[1::2]), name)
+        judge, pairs = rule(name, base)
+        assert (looped.judge, looped.pairs) == (judge, pairs), name
+    assert rule("scpo+validity_any", base)[1].weight.value == "margin"
+    assert rule("llm_judge:yes_logprob", base)[0].mode.value == "yes_logprob"
