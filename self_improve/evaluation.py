@@ -173,6 +173,7 @@ def rewritten(task: Task, ttt: pd.DataFrame, seed: int) -> pd.DataFrame:
 
 def frozen_yes(answers: pd.DataFrame, ttt: pd.DataFrame, params: Params, base: str) -> pd.DataFrame:
     """judge.frozen: the base model's (adapters off) P(Yes) for each test-time greedy answer."""
+    from self_improve.judges.model import frozen_yes as base_yes
     from self_improve.models.loading import load_model
 
     try:
@@ -188,7 +189,7 @@ def frozen_yes(answers: pd.DataFrame, ttt: pd.DataFrame, params: Params, base: s
                        max_tokens=params.sample.score_tokens, max_length=params.model.max_length)
     answers = answers.copy()
     answers["frozen_yes"] = pd.array([None] * len(answers), dtype="Float64")
-    answers.loc[rows, "frozen_yes"] = pd.array(ctx.frozen_yes(frame), dtype="Float64")
+    answers.loc[rows, "frozen_yes"] = pd.array(base_yes(frame, ctx), dtype="Float64")
     return answers
 
 

@@ -10,7 +10,7 @@ from typing import Callable, Optional
 import pandas as pd
 
 from self_improve import templates
-from self_improve.config import JudgeConfig, JudgeMethod, JudgeMode
+from self_improve.config import JudgeMode
 
 Verify = Callable[..., Optional[float]]  # (answer, gold, category=None) -> 1.0 / 0.0 / None
 
@@ -53,19 +53,6 @@ class JudgeContext:
     frozen: Optional[ModelHandle] = None  # judge.frozen: the base model, adapters off
     frozen_template: Optional[str] = None  # judge.correct_template, for the frozen judge
     _scores: dict = field(default_factory=dict)
-
-    def frozen_yes(self, samples: pd.DataFrame) -> list[Optional[float]]:
-        """The frozen base model's P(Yes) for "is this answer correct?" on every sample (computed once)."""
-        if "frozen_yes" not in self._scores:
-            if self.frozen is None or self.frozen_template is None:
-                raise ValueError("judge.frozen needs the base model and judge.correct_template")
-            sub = JudgeContext(policy=self.frozen, template=self.frozen_template, batch_size=self.batch_size,
-                               max_tokens=self.max_tokens, max_length=self.max_length, progress=self.progress)
-            from self_improve.judges.model import logprob_judge  # the model family builds on this module
-
-            cfg = JudgeConfig(method=JudgeMethod.llm_judge, mode=JudgeMode.yes_logprob)
-            self._scores["frozen_yes"] = logprob_judge(samples, cfg, sub).reward
-        return self._scores["frozen_yes"]
 
     def scores(self, which: str, samples: pd.DataFrame):
         """Log-prob scores of every sample under `policy` or `reference` (computed once)."""

@@ -9,7 +9,7 @@ from typing import Optional
 
 import pandas as pd
 
-from self_improve.config import JudgeConfig, JudgeMode
+from self_improve.config import JudgeConfig, JudgeMethod, JudgeMode
 from self_improve.judges.base import JudgeContext, Verdicts
 from self_improve.judges.rubric import mean_score, parse_score, render
 
@@ -109,3 +109,15 @@ def _llm_judge(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext) -> Ve
         reward.append(r)
         rate.append(p)
     return Verdicts(reward, parse_rate=rate)
+
+
+def frozen_yes(samples: pd.DataFrame, ctx: JudgeContext) -> list[Optional[float]]:
+    """The frozen base model's P(Yes) for "is this answer correct?" on every sample (computed once per context)."""
+    if "frozen_yes" not in ctx._scores:
+        if ctx.frozen is None or ctx.frozen_template is None:
+            raise ValueError("judge.frozen needs the base model and judge.correct_template")
+        sub = JudgeContext(policy=ctx.frozen, template=ctx.frozen_template, batch_size=ctx.batch_size,
+                           max_tokens=ctx.max_tokens, max_length=ctx.max_length, progress=ctx.progress)
+        cfg = JudgeConfig(method=JudgeMethod.llm_judge, mode=JudgeMode.yes_logprob)
+        ctx._scores["frozen_yes"] = logprob_judge(samples, cfg, sub).reward
+    return ctx._scores["frozen_yes"]

@@ -11,6 +11,7 @@ import pandas as pd
 
 from self_improve.config import CrossView, FrozenJudge, JudgeConfig, LowConsensus
 from self_improve.judges.base import JudgeContext, Verdicts
+from self_improve.judges.model import frozen_yes
 
 
 def answer_scores(preds: list[str | None]) -> dict[str, float]:
@@ -64,7 +65,7 @@ def _vote_by(key: str, share_reward: bool = False) -> Callable[[pd.DataFrame, Ju
     `share_reward` (ScPO) the score of the sample's own answer; no label: no verdict."""
     def judge(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext) -> Verdicts:
         preds = [p if isinstance(p, str) else None for p in samples["pred"]]
-        frozen = ctx.frozen_yes(samples) if cfg.frozen != FrozenJudge.none else None
+        frozen = frozen_yes(samples, ctx) if cfg.frozen != FrozenJudge.none else None
         harmonic = key == "group_id" and cfg.cross_view == CrossView.harmonic
         label = [None] * len(samples)
         reward: list[Optional[float]] = [None] * len(samples)
