@@ -132,3 +132,50 @@ def test_a_loop_iteration_samples_through_a_vllm_server(tmp_path, monkeypatch):
     assert runs[0]["pred"].notna().mean() > 0.5
     assert runs[0]["response"].tolist() == runs[1]["response"].tolist()  # seeded: the same samples again
     assert runs[0].groupby("prompt_id")["response"].nunique().max() > 1  # temperature 0.7: not all alike
+
+
+def test_comas_iteration_on_smollm2(tmp_path, monkeypatch):
+    """CoMAS on the real chat model: two agents discuss (solve, evaluate, score), each is trained on its
+    own rewards as its own adapter, and each is evaluated against it0; every stage CoMAS's DAG runs."""
+    import shutil
+
+    from flows.dag import COMAS_TEMPLATE, comas_commands
+    from self_improve.agents.discussion import TRANSCRIPTS
+    from self_improve.models.loading import read_chain
+
+    raw = deep_merge(yaml.safe_load((ROOT / "params.yaml").read_text()), deep_merge(TINY, {
+        "model": {"base": str(SMOL), "max_length": 768},
+        "task": {"name": "word_math", "heldout_size": 8, "ttt_size": 8,
+                 "instruction": "Answer with the final number only."},
+        "sample": {"backend": "hf"},
+        "train": {"epochs": 1, "batch_size": 8, "micro_batch_size": 4, "lora": {"r": 4, "alpha": 8}},
+        "evaluate": {"k": 0, "max_new_tokens": 24},
+        "agents": {"n": 2, "rounds": 1, "references": 1, "problems": 2, "max_new_tokens": 32, "temperature": 0.7,
+                   "loop": {"it1": {"prev": "it0"}}},
+    }))
+    raw["loop"] = {"it1": {"prev": "it0", "ref": "init"}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    shutil.copy2(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")
+    (tmp_path / COMAS_TEMPLATE).parent.mkdir(parents=True)
+    shutil.copy2(ROOT / COMAS_TEMPLATE, tmp_path / COMAS_TEMPLATE)
+    monkeypatch.chdir(tmp_path)
+    import importlib
+
+    for _, cmd in comas_commands(tmp_path):
+        importlib.import_module(cmd[2]).main(cmd[3:])
+    t = art.read_table(tmp_path / "data/comas/it1/transcripts.parquet", TRANSCRIPTS)
+    assert len(t) == 1 * 2 * 2 * 3  # rounds x problems x agents x roles
+    assert (t["agent"] != t["solver"])[t["role"] != "solution"].all()  # nobody reviews their own solution
+    assert t["response"].str.len().mean() > 10  # a real model answers in words
+    solutions = t[t["role"] == "solution"]
+    assert solutions["pred"].notna().mean() > 0.5 and solutions["correct"].notna().all()
+    scores = t[t["role"] == "score"]
+    # rewards as allocated: a parsed score s gives the solution (s - 1) / 2; an unparsed one the scorer -1
+    assert (scores["reward"] == scores["score"].isna().map({True: -1.0, False: 0.0})).all()
+    m = art.read_json(tmp_path / "reports/comas/iterations/it1/metrics.json")
+    for k in (0, 1):
+        agent = m["agents"][f"agent{k}"]
+        assert agent["score_parse_rate"] == pytest.approx(scores[scores["agent"] == k]["score"].notna().mean())
+        assert {"accuracy", "accuracy_gain", "accuracy_gain_lo", "accuracy_gain_hi"} <= set(agent)
+        assert read_chain(tmp_path / f"data/comas/it1/agents/agent{k}")["adapters"] == ["it1"]
+    assert (tmp_path / "reports/comas/summary.md").is_file()
