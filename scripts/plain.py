@@ -50,9 +50,8 @@ def device() -> dict:
     """Where the stages ran: the accelerator torch sees (none: CPU)."""
     import torch
 
-    if torch.cuda.is_available():
-        return {"accelerator": torch.cuda.get_device_name(0), "torch": torch.__version__}
-    return {"accelerator": None, "torch": torch.__version__}
+    return {"accelerator": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "torch": torch.__version__}
 
 
 def run_stages(work: Path) -> None:

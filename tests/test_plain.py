@@ -12,7 +12,7 @@ import yaml
 from scripts import plain
 from scripts.seeds import run_plain
 
-from .conftest import ROOT, run_all
+from .conftest import ROOT, run_all, tiny_full
 
 
 def fake_root(tmp_path, raw: dict):
@@ -53,9 +53,7 @@ def test_only_overrides_are_taken(tmp_path):
 
 
 @pytest.mark.loop
-def test_plain_run_gives_the_in_process_figures(tmp_path, tiny_raw, monkeypatch):
-    from .conftest import tiny_full
-
+def test_plain_run_gives_the_in_process_figures(tmp_path, monkeypatch):
     raw = tiny_full()
     root = fake_root(tmp_path, raw)
     dest = tmp_path / "out" / "tiny-s1.json"
@@ -80,8 +78,6 @@ def test_plain_run_gives_the_in_process_figures(tmp_path, tiny_raw, monkeypatch)
 
 @pytest.mark.loop
 def test_failed_plain_run_keeps_nothing(tmp_path, capsys):
-    from .conftest import tiny_full
-
     root = fake_root(tmp_path, tiny_full())
     dest = tmp_path / "out" / "bad.json"
     assert run_plain("bad", ["-S", "task.heldout_size=-1"], dest, workdir=tmp_path / "w", root=root) is None

@@ -5,7 +5,9 @@ Slow (a minute or two on 2 cores), so not in the default run: `make test-slow` (
 
 from __future__ import annotations
 
+import importlib
 import json
+import shutil
 
 import pytest
 import torch
@@ -137,8 +139,6 @@ def test_a_loop_iteration_samples_through_a_vllm_server(tmp_path, monkeypatch):
 def test_comas_iteration_on_smollm2(tmp_path, monkeypatch):
     """CoMAS on the real chat model: two agents discuss (solve, evaluate, score), each is trained on its
     own rewards as its own adapter, and each is evaluated against it0; every stage CoMAS's DAG runs."""
-    import shutil
-
     from flows.dag import COMAS_TEMPLATE, comas_commands
     from self_improve.agents.discussion import TRANSCRIPTS
     from self_improve.models.loading import read_chain
@@ -159,8 +159,6 @@ def test_comas_iteration_on_smollm2(tmp_path, monkeypatch):
     (tmp_path / COMAS_TEMPLATE).parent.mkdir(parents=True)
     shutil.copy2(ROOT / COMAS_TEMPLATE, tmp_path / COMAS_TEMPLATE)
     monkeypatch.chdir(tmp_path)
-    import importlib
-
     for _, cmd in comas_commands(tmp_path):
         importlib.import_module(cmd[2]).main(cmd[3:])
     t = art.read_table(tmp_path / "data/comas/it1/transcripts.parquet", TRANSCRIPTS)
