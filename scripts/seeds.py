@@ -126,6 +126,16 @@ def unexpected_params(result: dict) -> dict[str, Any]:
     return stray
 
 
+def with_timings(env: dict[str, str], timings: Path | None) -> dict[str, str]:
+    """`env` with the stages' timings going to a fresh `timings` file (SELF_IMPROVE_TIMINGS, an
+    absolute path: the stages run in another directory); unchanged when `timings` is None."""
+    if timings is None:
+        return env
+    timings.parent.mkdir(parents=True, exist_ok=True)
+    timings.unlink(missing_ok=True)
+    return env | {"SELF_IMPROVE_TIMINGS": str(timings.resolve())}
+
+
 def run_experiment(name: str, args: list[str], dest: Path, *, force: bool = False, root: Path = ROOT,
                    extra: dict | None = None, timings: Path | None = None,
                    report_dir: Path | None = None) -> Path | None:
@@ -142,11 +152,7 @@ def run_experiment(name: str, args: list[str], dest: Path, *, force: bool = Fals
     check_clean_params(root)
     base = committed_params(root)
     staged = subprocess.run(["git", "diff", "--cached", "--quiet", "HEAD", "--", "params.yaml"], cwd=root).returncode
-    env = dict(os.environ)
-    if timings is not None:
-        timings.parent.mkdir(parents=True, exist_ok=True)
-        timings.unlink(missing_ok=True)
-        env["SELF_IMPROVE_TIMINGS"] = str(timings)
+    env = with_timings(dict(os.environ), timings)
     cmd = ["dvc", "exp", "run", "-n", name, *args]
     print("+", shlex.join(cmd), flush=True)
     t0 = time.perf_counter()
@@ -207,10 +213,7 @@ def run_plain(name: str, args: list[str], dest: Path, *, workdir: Path, force: b
                SELF_IMPROVE_TRACKING="0")
     if threads:
         env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    if timings is not None:
-        timings.parent.mkdir(parents=True, exist_ok=True)
-        timings.unlink(missing_ok=True)
-        env["SELF_IMPROVE_TIMINGS"] = str(timings.resolve())
+    env = with_timings(env, timings)
     print(f"+ plain {name} in {work} (log: {work / 'run.log'})", flush=True)
     t0 = time.perf_counter()
     with (work / "run.log").open("w") as log:

@@ -16,7 +16,7 @@ import yaml
 
 from self_improve import artifacts as art
 from self_improve.chat import ChatFormat
-from self_improve.config import LoraConfig
+from self_improve.config import Algorithm, DpoConfig, LoraConfig
 from self_improve.engines.hf import (
     SamplingSpec,
     chat_format,
@@ -28,8 +28,8 @@ from self_improve.engines.hf import (
 )
 from self_improve.models import export
 from self_improve.models.loading import attach_lora, load_model
-from self_improve.training.loop import Schedule
-from self_improve.training.trainers import RunContext, SFTTrainer
+from self_improve.training.loop import Schedule, _micro
+from self_improve.training.trainers import PreferenceTrainer, RunContext, SFTTrainer
 from stages import prepare
 
 from .conftest import ROOT, deep_merge, run_all, stage_argv
@@ -133,6 +133,39 @@ def test_micro_batches_accumulate_to_the_whole_batch_gradient(bpe_model_dir):
         assert torch.allclose(weights[1][k], weights[2][k], atol=1e-5), k
     assert any(not torch.equal(weights[0][k], load_model(bpe_model_dir, device="cpu")[0].state_dict()[k])
                for k in weights[0])
+
+
+def test_length_grouped_micro_batches_keep_the_dpo_gradient(bpe_model_dir, monkeypatch):
+    """DPO pairs of unlike lengths, micro-batches of 3: filled by length (shortest first) they train
+    the weights that micro-batches in the drawn order train, and both those of the whole batch at
+    once (to float rounding, which Adam's two steps at lr 1e-2 raise to ~1e-5)."""
+    from self_improve.training import loop
+
+    prompts = [f"{a}+{b}=" for a, b in zip(range(10, 18), range(30, 38))]
+    chosen = [str(a + b) if a % 3 else f"Adding {a} and {b} gives {a + b}, so the answer is {a + b}."
+              for a, b in zip(range(10, 18), range(30, 38))]
+    rejected = [f"The answer is {a + b + 1}." if a % 2 else str(a - b) for a, b in zip(range(10, 18), range(30, 38))]
+    by_length = loop._micro
+    weights = []
+    for micro, grouping in ((None, by_length), (3, by_length), (3, lambda idx, size, length_fn=None: by_length(idx, size))):
+        monkeypatch.setattr(loop, "_micro", grouping)
+        model, tok = load_model(bpe_model_dir, device="cpu")
+        ctx = RunContext(tok, Schedule(1e-2, 2), batch_size=8, seed=0, micro_batch_size=micro,
+                         chat=chat_format(model, tok))
+        PreferenceTrainer(ctx, Algorithm.dpo, DpoConfig()).train(model, prompts, chosen, rejected)
+        weights.append({k: v.clone() for k, v in model.state_dict().items()})
+    for k in weights[0]:
+        assert torch.allclose(weights[1][k], weights[2][k], atol=1e-5), k
+        assert torch.allclose(weights[0][k], weights[1][k], atol=5e-5), k
+    assert any(not torch.equal(weights[0][k], load_model(bpe_model_dir, device="cpu")[0].state_dict()[k])
+               for k in weights[0])
+
+
+def test_micro_batches_by_length():
+    lengths = {0: 50, 1: 10, 2: 40, 3: 10, 4: 30}
+    assert _micro([0, 1, 2, 3, 4], 2, lengths.__getitem__) == [[1, 3], [4, 2], [0]]
+    assert _micro([0, 1, 2, 3, 4], 2) == [[0, 1], [2, 3], [4]]  # no lengths: the batch's order
+    assert _micro([4, 0], 2, lengths.__getitem__) == [[4, 0]]  # one micro-batch: left as drawn
 
 
 def _digest(directory: Path) -> str:

@@ -168,9 +168,15 @@ def steps_for(n: int, batch_size: int, epochs: int) -> int:
 
 StepFn = Callable[[torch.nn.Module, list[int], torch.device], tuple[torch.Tensor, dict[str, float]]]
 WeightFn = Callable[[list[int]], float]
+LengthFn = Callable[[int], int]
 
 
-def _micro(idx: list[int], size: int) -> list[list[int]]:
+def _micro(idx: list[int], size: int, length_fn: LengthFn | None = None) -> list[list[int]]:
+    """`idx` cut into micro-batches of `size`; with `length_fn` (an item's padded length) sorted by
+    it first when there is more than one, so each micro-batch pads to rows of like length. The batch
+    keeps its items, so the accumulated gradient is the same sum (up to float rounding)."""
+    if length_fn is not None and len(idx) > size:
+        idx = sorted(idx, key=lambda i: (length_fn(i), i))
     return [idx[i : i + size] for i in range(0, len(idx), size)] or [[]]
 
 
@@ -188,13 +194,15 @@ def fit(
     checkpoints: Checkpoints | None = None,
     micro_batch_size: int | None = None,
     weight_fn: WeightFn | None = None,
+    length_fn: LengthFn | None = None,
 ) -> TrainLog:
     """Optimise `model` for `schedule.steps` batches of item indices; step_fn gives the loss.
 
     Each batch is cut into micro-batches of `micro_batch_size` items: step_fn returns a micro-batch's
     mean loss, which is scaled by its share of the batch's weight (`weight_fn`: its number of
     response tokens for token-mean losses, else of items) before backward, so the accumulated
-    gradient is the whole batch's while memory holds one micro-batch. With an
+    gradient is the whole batch's while memory holds one micro-batch. With `length_fn`, a batch's
+    items go to micro-batches by length (less padding; which items form a batch is unchanged). With an
     `accelerate.Accelerator`, the model and optimiser are prepared by it and each process takes its
     shard of every batch. With `checkpoints`, training resumes from a matching state.
     """
@@ -253,7 +261,7 @@ def fit(
             continue  # the data order of a resumed run is the uninterrupted one's
         shard = idx[rank::world]
         total = max(weight_fn(shard), 1e-12)
-        parts = _micro(shard, micro)
+        parts = _micro(shard, micro, length_fn)
         opt.zero_grad(set_to_none=True)
         value = torch.zeros((), device=device)
         stats: dict[str, float] = {}

@@ -63,11 +63,11 @@ class RunContext:
         return self.micro_batch_size or self.batch_size
 
     def fit(self, model: torch.nn.Module, n: int, step_fn, desc: str, weight_fn=None,
-            stop_loss: float | None = None) -> TrainLog:
+            stop_loss: float | None = None, length_fn=None) -> TrainLog:
         if n == 0:
             return fit(model, 0, None, self.schedule, self.batch_size, self.seed, checkpoints=self.checkpoints)
         return fit(model, n, step_fn, self.schedule, self.batch_size, self.seed, self.max_grad_norm, desc,
-                   stop_loss, self.accelerator, self.checkpoints, self.micro_batch_size, weight_fn)
+                   stop_loss, self.accelerator, self.checkpoints, self.micro_batch_size, weight_fn, length_fn)
 
 
 @dataclass
@@ -82,6 +82,10 @@ class Encoded:
 
     def tokens(self, idx: list[int]) -> float:
         return float(sum(self.rows[i].response_len for i in idx))
+
+    def length(self, i: int) -> int:
+        """Row `i`'s tokens, prompt and response: the width it pads its micro-batch to."""
+        return len(self.rows[i].ids)
 
 
 def concatenated(first: Encoded, second: Encoded, idx: list[int], device: torch.device) -> dict[str, torch.Tensor]:
@@ -129,7 +133,7 @@ class SFTTrainer:
             logps, mask = token_logprobs(runner, data.batch(idx, device))
             return sft_loss(logps, mask), {}
 
-        return self.ctx.fit(model, len(prompts), step, self.desc, data.tokens, self.stop_loss)
+        return self.ctx.fit(model, len(prompts), step, self.desc, data.tokens, self.stop_loss, data.length)
 
 
 @dataclass(frozen=True)
@@ -203,7 +207,8 @@ class PreferenceTrainer:
                 "reward_accuracy": stats["reward_accuracy"].mean().item(),
             }
 
-        return self.ctx.fit(model, len(prompts), step, self.algorithm.value)
+        return self.ctx.fit(model, len(prompts), step, self.algorithm.value,
+                            length_fn=lambda i: max(enc_c.length(i), enc_r.length(i)))
 
 
 @dataclass
@@ -234,7 +239,7 @@ class OnPolicyTrainer(ABC):
             loss, stats = self.loss(logps, o, mask, **{k: v[idx].to(device) for k, v in values.items()})
             return loss, {k: float(v) for k, v in stats.items()}
 
-        return self.ctx.fit(model, len(prompts), step, self.name, data.tokens)
+        return self.ctx.fit(model, len(prompts), step, self.name, data.tokens, length_fn=data.length)
 
 
 @dataclass
