@@ -69,6 +69,25 @@ def test_sampling_is_seeded_per_call(engine_dir):
     assert len({r for rs in first for r in rs}) > len(PROMPTS)  # temperature 1 draws distinct samples
 
 
+def test_sampling_lanes_are_seeded_apart_and_reproducible(engine_dir):
+    """Two lanes (two generators, every other batch each, at once): the same samples on every call
+    and in another sampler, each prompt its n samples; the lanes have seeds of their own (one prompt
+    repeated: lane 0's batch and lane 1's draw differently), and greedy ignores lanes."""
+    spec = SamplingSpec(n=4, temperature=1.0, max_new_tokens=4, batch_size=8)
+    cfg = Ct2Config(inter_threads=2, batch_size=16, lanes=2)  # 4 prompts a batch
+    two = CT2Sampler(engine_dir, cfg)
+    first = two.generate(PROMPTS, spec, 1, progress=False)
+    assert CT2Sampler(engine_dir, cfg).generate(PROMPTS, spec, 1, progress=False) == first
+    two.generate(PROMPTS, spec, 2, progress=False)
+    assert two.generate(PROMPTS, spec, 1, progress=False) == first
+    assert [len(r) for r in first] == [4] * len(PROMPTS) and first.new_tokens > 0
+    same = two.generate([PROMPTS[0]] * 8, spec, 1, progress=False)
+    assert same[:4] != same[4:]
+    greedy = SamplingSpec(n=1, greedy=True, max_new_tokens=2, batch_size=8)
+    assert list(two.generate(PROMPTS, greedy, 0, progress=False)) == list(
+        CT2Sampler(engine_dir, Ct2Config(batch_size=8)).generate(PROMPTS, greedy, 0, progress=False))
+
+
 def test_int8_loads_the_same_conversion(engine_dir):
     spec = SamplingSpec(n=1, greedy=True, max_new_tokens=4, batch_size=8)
     out = CT2Sampler(engine_dir, Ct2Config(compute_type="int8")).generate(PROMPTS, spec, 0, progress=False)

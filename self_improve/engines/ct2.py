@@ -10,8 +10,10 @@ The sampler takes the same prompt token ids and stop ids as hf (self_improve/cha
 same `Generations`. What makes it fast: finished rows leave the batch, each prompt is prefilled
 once for its `n` samples, and the token prefix every prompt shares (the chat template's system
 turn) is the static prompt, whose state is computed once and reused. Sampling is seeded per call
-(same seed, same samples, whatever ran before) and decodes its batches one after another, so the
-random draws do not depend on thread timing. Float32 greedy outputs equal hf's token for token
+(same seed, same samples, whatever ran before) and each generator decodes its batches one after
+another, so the random draws do not depend on thread timing: with `lanes` > 1, that many
+single-worker generators, each seeded from (seed, lane), take every lanes-th batch at once (other
+draws than one lane's, as reproducible). Float32 greedy outputs equal hf's token for token
 (tests/test_ct2.py on the tiny model; benchmarks/real.py counts them on SmolLM2).
 """
 
@@ -25,6 +27,7 @@ import os
 import shutil
 import tempfile
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from self_improve.config import Ct2Config, ModelConfig, SecurityConfig
@@ -35,6 +38,7 @@ log = logging.getLogger(__name__)
 ENGINE_FILE = "engine.json"
 CT2_DIR = "ct2"  # the converted model inside an engine dir
 MERGED_DIR = "hf"  # vLLM: the merged model (safetensors) inside an engine dir
+LANE_SEED_STEP = 1_000_003  # lane w of a sampling call seeds its generator with seed + w * this
 
 
 def ct2_unavailable() -> str | None:
@@ -152,21 +156,33 @@ class CT2Sampler:
         self._path, self._ct2 = str(engine_dir / CT2_DIR), ctranslate2
         self._inter, self._intra = _threads(cfg)
         self.batch_size = cfg.batch_size
+        self.lanes = cfg.lanes
         self._greedy = None
-        log.info("ct2: %s, %d x %d threads", self.compute_type, self._inter, self._intra)
+        log.info("ct2: %s, %d x %d threads, %d sampling lane(s)", self.compute_type, self._inter, self._intra,
+                 self.lanes)
 
-    def _generator(self, greedy: bool, seed: int):
-        """Greedy decoding: one generator, `inter_threads` batches at a time. Sampling: a generator
-        made for the call after seeding (CTranslate2 seeds a worker's random state when the worker
-        starts, 0.5 s for a 135M model), with one worker so the draws follow the batch order."""
+    def _generators(self, greedy: bool, seed: int) -> list:
+        """Greedy decoding: one generator, `inter_threads` batches at a time. Sampling: `lanes`
+        generators made for the call (0.5 s each for a 135M model), each with one worker so its
+        draws follow its batches' order. CTranslate2 seeds a worker's random state from the global
+        seed at the worker's first random draw, so with several lanes each one draws a token right
+        after its seed is set (lane w: seed + w * LANE_SEED_STEP), before the next lane's seed."""
         if greedy:
             if self._greedy is None:
                 self._greedy = self._ct2.Generator(self._path, device="cpu", compute_type=self.compute_type,
                                                    inter_threads=self._inter, intra_threads=self._intra)
-            return self._greedy
-        self._ct2.set_random_seed(seed)
-        return self._ct2.Generator(self._path, device="cpu", compute_type=self.compute_type, inter_threads=1,
-                                   intra_threads=self._inter * self._intra)
+            return [self._greedy]
+        threads = max(1, self._inter * self._intra // self.lanes)
+        out = []
+        for lane in range(self.lanes):
+            self._ct2.set_random_seed((seed + LANE_SEED_STEP * lane) % 2**32)
+            generator = self._ct2.Generator(self._path, device="cpu", compute_type=self.compute_type,
+                                            inter_threads=1, intra_threads=threads)
+            if self.lanes > 1:  # one sampled token: this worker's random state takes this lane's seed now
+                generator.generate_batch(self._tokens([self.chat.prompt_ids("1")[:1]]), max_length=1,
+                                         sampling_topk=0, sampling_temperature=1.0)
+            out.append(generator)
+        return out
 
     def _tokens(self, ids: list[list[int]]) -> list[list[str]]:
         return [self.tokenizer.convert_ids_to_tokens(i) for i in ids]
@@ -183,7 +199,8 @@ class CT2Sampler:
         static = self._tokens([ids[0][:shared]])[0] if shared else None
         inputs = self._tokens([i[shared:] for i in ids])
         order = sorted(range(len(ids)), key=lambda i: (len(ids[i]), i))  # little padding per batch
-        workers = self._inter if spec.greedy else 1
+        generators = self._generators(spec.greedy, seed)
+        workers = self._inter if spec.greedy else len(generators)
         # prompts per batch (spec.batch_size is hf's), and a batch for every worker even when few
         per_call = max(1, min(self.batch_size // spec.n, math.ceil(len(prompts) / workers)))
         kwargs = dict(max_length=spec.max_new_tokens, include_prompt_in_result=False, end_token=self.chat.stop_ids,
@@ -194,22 +211,32 @@ class CT2Sampler:
             kwargs.update(sampling_topk=0, sampling_topp=spec.top_p, sampling_temperature=spec.temperature)
         texts: list[list[str]] = [[] for _ in prompts]
         cut: list[list[bool]] = [[] for _ in prompts]
-        new_tokens = 0
-        generator = self._generator(spec.greedy, seed)
-        step = per_call * workers  # prompts per call
+        counts = [0] * len(prompts)
         bar = tqdm(total=len(prompts) * spec.n, desc=desc, unit="seq", disable=not progress, mininterval=1.0)
-        for start in range(0, len(order), step):
-            idx = order[start:start + step]
-            outs = generator.generate_batch([inputs[i] for i in idx], max_batch_size=per_call, **kwargs)
-            for i, out in zip(idx, outs):
-                for seq in out.sequences_ids:
-                    toks, stopped = self.chat.cut_at_stop(seq)
-                    texts[i].append(self.tokenizer.decode(toks, skip_special_tokens=True))
-                    cut[i].append(not stopped)
-                    new_tokens += len(toks) + int(stopped)
-            bar.update(len(idx) * spec.n)
+
+        def run(generator, calls: list[list[int]], max_batch: int) -> None:
+            for idx in calls:
+                outs = generator.generate_batch([inputs[i] for i in idx], max_batch_size=max_batch, **kwargs)
+                for i, out in zip(idx, outs):
+                    for seq in out.sequences_ids:
+                        toks, stopped = self.chat.cut_at_stop(seq)
+                        texts[i].append(self.tokenizer.decode(toks, skip_special_tokens=True))
+                        cut[i].append(not stopped)
+                        counts[i] += len(toks) + int(stopped)
+                bar.update(len(idx) * spec.n)
+
+        if len(generators) == 1:  # greedy's `inter_threads` workers share each call's batches
+            step = per_call * workers
+            run(generators[0], [order[s:s + step] for s in range(0, len(order), step)], per_call)
+        else:  # a thread per lane (CTranslate2 releases the GIL while it decodes), batch b on lane b % lanes
+            batches = [order[s:s + per_call] for s in range(0, len(order), per_call)]
+            with ThreadPoolExecutor(len(generators)) as pool:
+                done = [pool.submit(run, g, batches[lane::len(generators)], per_call)
+                        for lane, g in enumerate(generators)]
+                for f in done:
+                    f.result()
         bar.close()
-        return Generations(texts, cut, new_tokens)
+        return Generations(texts, cut, sum(counts))
 
 
 def open_ct2(engine_dir: str | Path | None, model_dir: str | Path, base: str | Path | None, cfg: Ct2Config,
