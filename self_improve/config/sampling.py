@@ -58,9 +58,9 @@ class Ct2Config(_Section):
         2, ge=1, description="ct2: batches decoded in parallel, each on threads / inter_threads cores "
         "(small models decode faster as several single-threaded batches)")
     lanes: int = Field(
-        1, ge=1, description="ct2 sampling: generators drawing at once, each seeded from (seed, lane) when "
-        "it starts and given every lanes-th batch in order, on threads / lanes cores each; the samples "
-        "depend on it (1: one generator on every thread, the draws independent of the thread count)")
+        1, ge=1, description="ct2 sampling: generators drawing at once, each seeded from (seed, lane) and "
+        "given every lanes-th batch in order, on threads / lanes cores each; the samples depend on it "
+        "(1: one generator on every thread, the draws independent of the thread count)")
 
 
 class VllmConfig(_Section):
