@@ -28,6 +28,7 @@ from self_improve.engines.hf import (
 )
 from self_improve.models import export
 from self_improve.models.loading import attach_lora, load_model
+from self_improve.training import loop
 from self_improve.training.loop import Schedule, _micro
 from self_improve.training.trainers import PreferenceTrainer, RunContext, SFTTrainer
 from stages import prepare
@@ -116,49 +117,56 @@ def test_selective_log_softmax_matches_log_softmax():
     assert torch.allclose(selective_log_softmax(logits.bfloat16(), index).double(), want, atol=0.1)
 
 
+def _trained(model_dir: Path, micro: int | None, train, checkpointing: bool = False) -> dict[str, torch.Tensor]:
+    """The weights after `train(ctx, model)`: two steps at lr 1e-2 on a batch of 8 in micro-batches of `micro`."""
+    model, tok = load_model(model_dir, device="cpu")
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ctx = RunContext(tok, Schedule(1e-2, 2), batch_size=8, seed=0, micro_batch_size=micro, chat=chat_format(model, tok))
+    train(ctx, model)
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _moved(model_dir: Path, weights: dict[str, torch.Tensor]) -> bool:
+    start = load_model(model_dir, device="cpu")[0].state_dict()
+    return any(not torch.equal(weights[k], start[k]) for k in weights)
+
+
 def test_micro_batches_accumulate_to_the_whole_batch_gradient(bpe_model_dir):
     prompts = [f"{a}+{b}=" for a, b in zip(range(10, 18), range(30, 38))]
     responses = [f"The answer is {a + b}." if a % 2 else str(a + b) for a, b in zip(range(10, 18), range(30, 38))]
-    weights = []
-    for micro, checkpointing in ((None, False), (3, False), (3, True)):
-        model, tok = load_model(bpe_model_dir, device="cpu")
-        if checkpointing:  # recomputed activations: the same gradients
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        ctx = RunContext(tok, Schedule(1e-2, 2), batch_size=8, seed=0, micro_batch_size=micro,
-                         chat=chat_format(model, tok))
+
+    def sft(ctx, model):
         SFTTrainer(ctx).train(model, prompts, responses)
-        weights.append({k: v.clone() for k, v in model.state_dict().items()})
+
+    # with checkpointing (recomputed activations): the same gradients
+    weights = [_trained(bpe_model_dir, micro, sft, ckpt) for micro, ckpt in ((None, False), (3, False), (3, True))]
     for k in weights[0]:
         assert torch.allclose(weights[0][k], weights[1][k], atol=1e-5), k
         assert torch.allclose(weights[1][k], weights[2][k], atol=1e-5), k
-    assert any(not torch.equal(weights[0][k], load_model(bpe_model_dir, device="cpu")[0].state_dict()[k])
-               for k in weights[0])
+    assert _moved(bpe_model_dir, weights[0])
 
 
 def test_length_grouped_micro_batches_keep_the_dpo_gradient(bpe_model_dir, monkeypatch):
     """DPO pairs of unlike lengths, micro-batches of 3: filled by length (shortest first) they train
     the weights that micro-batches in the drawn order train, and both those of the whole batch at
     once (to float rounding, which Adam's two steps at lr 1e-2 raise to ~1e-5)."""
-    from self_improve.training import loop
-
     prompts = [f"{a}+{b}=" for a, b in zip(range(10, 18), range(30, 38))]
     chosen = [str(a + b) if a % 3 else f"Adding {a} and {b} gives {a + b}, so the answer is {a + b}."
               for a, b in zip(range(10, 18), range(30, 38))]
     rejected = [f"The answer is {a + b + 1}." if a % 2 else str(a - b) for a, b in zip(range(10, 18), range(30, 38))]
-    by_length = loop._micro
-    weights = []
-    for micro, grouping in ((None, by_length), (3, by_length), (3, lambda idx, size, length_fn=None: by_length(idx, size))):
-        monkeypatch.setattr(loop, "_micro", grouping)
-        model, tok = load_model(bpe_model_dir, device="cpu")
-        ctx = RunContext(tok, Schedule(1e-2, 2), batch_size=8, seed=0, micro_batch_size=micro,
-                         chat=chat_format(model, tok))
+
+    def dpo(ctx, model):
         PreferenceTrainer(ctx, Algorithm.dpo, DpoConfig()).train(model, prompts, chosen, rejected)
-        weights.append({k: v.clone() for k, v in model.state_dict().items()})
-    for k in weights[0]:
-        assert torch.allclose(weights[1][k], weights[2][k], atol=1e-5), k
-        assert torch.allclose(weights[0][k], weights[1][k], atol=5e-5), k
-    assert any(not torch.equal(weights[0][k], load_model(bpe_model_dir, device="cpu")[0].state_dict()[k])
-               for k in weights[0])
+
+    by_length = loop._micro
+    whole, grouped = _trained(bpe_model_dir, None, dpo), _trained(bpe_model_dir, 3, dpo)
+    monkeypatch.setattr(loop, "_micro", lambda idx, size, length_fn=None: by_length(idx, size))
+    drawn = _trained(bpe_model_dir, 3, dpo)
+    for k in whole:
+        assert torch.allclose(grouped[k], drawn[k], atol=1e-5), k
+        assert torch.allclose(whole[k], grouped[k], atol=5e-5), k
+    assert _moved(bpe_model_dir, whole)
 
 
 def test_micro_batches_by_length():
