@@ -34,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from self_improve.choice import SIGNALS
 from self_improve.recipes import flatten, parse_assignment
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,8 +46,7 @@ KEYS = ("accuracy", "accuracy_se", "ttt_accuracy", "ttt_accuracy_se", "maj_accur
         "ttt_accuracy_gain_lo", "ttt_accuracy_gain_hi", "invalid_share", "invalid_share_se", "frozen_yes", "vote_share",
         "distinct_answers", "cross_view_agreement", "lf_n", "lf_distinct",
         "sample_temperature", "sft_min_reward", "bstar_balance", "bstar_seconds",  # the temperature and threshold used
-        *(f"{s}{x}" for s in ("lf_agreement", "lf_invalid_share", "lf_frozen_yes")
-          for x in ("", "_se", "_gain", "_gain_lo", "_gain_hi")))
+        *(f"{s}{x}" for s in SIGNALS for x in ("", "_se", "_gain", "_gain_lo", "_gain_hi")))  # what the label-free choice reads
 
 
 def iterations(root: Path = ROOT) -> list[str]:

@@ -157,3 +157,34 @@ def test_a_second_runner_in_the_same_workspace_is_refused(tmp_path):
         with pytest.raises(SystemExit, match="one runner per workspace"):
             hold_runner_lock(tmp_path)
     assert hold_runner_lock(tmp_path) is hold_runner_lock(tmp_path)  # once free, held for the process
+
+
+def test_a_kept_result_carries_every_signal_the_label_free_choice_reads(tmp_path):
+    """The choice check reruns `recommend` on kept results, not on the workspace: a signal dropped
+    when keeping (the restate share was, once) silently removes its veto from every check."""
+    import json
+
+    from scripts.seeds import keep_result
+    from self_improve.choice import recommend
+
+    work = tmp_path / "work"
+    (work / "reports" / "figures").mkdir(parents=True)
+    (work / "reports" / "summary.md").write_text("summary\n")
+    (work / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    base = {"iteration": "it0", "accuracy": 0.18, "lf_n": 128, "lf_agreement": 0.09, "lf_restate_share": 0.21,
+            "lf_invalid_share": 0.53, "lf_distinct": 0.32}
+    # agreement up beyond noise (a candidate) while the answers drift to restated numbers (vetoed)
+    drifted = {"iteration": "it1", "accuracy": 0.07, "lf_n": 128, "lf_agreement": 0.35, "lf_agreement_gain_lo": 0.17,
+               "lf_restate_share": 0.78, "lf_restate_share_gain": 0.57, "lf_restate_share_gain_lo": 0.48,
+               "lf_restate_share_gain_hi": 0.66, "lf_restate_share_se": 0.04, "lf_invalid_share": 0.51,
+               "lf_invalid_share_gain_lo": -0.13, "lf_distinct": 0.29}
+    for it, m in (("it0", base), ("it1", drifted), ("it2", drifted | {"iteration": "it2"}),
+                  ("it3", drifted | {"iteration": "it3"})):
+        (work / "reports" / "iterations" / it).mkdir(parents=True)
+        (work / "reports" / "iterations" / it / "metrics.json").write_text(json.dumps(m))
+    text = (ROOT / "params.yaml").read_text()
+    kept = json.loads(keep_result("w-s0", [], tmp_path / "w-s0.json", work, ran=text, base=text, wall=1.0).read_text())
+    assert recommend([base, drifted])["iteration"] == "it0"
+    rows = [{"iteration": it, **m} for it, m in kept["metrics"].items()]
+    assert kept["metrics"]["it1"]["lf_restate_share_gain_lo"] == 0.48
+    assert recommend(rows)["iteration"] == "it0"
