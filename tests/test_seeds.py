@@ -88,6 +88,22 @@ def test_comparison_pairs_seeds_and_bolds_only_a_difference_beyond_noise():
     assert not beyond_noise([0.1, 0.1]) and beyond_noise([0.1, 0.11, 0.09]) and not beyond_noise([0.1, 0.2, -0.05])
 
 
+def test_a_judge_table_without_a_default_is_set_against_the_oracle():
+    from scripts.seeds import baseline, comparison
+
+    def run(seed: int, a1: float) -> dict:
+        return {"seed": seed, "metrics": {"it0": {"accuracy": 0.2, "ttt_accuracy": 0.2},
+                                          "it1": {"accuracy": a1, "ttt_accuracy": a1}}}
+
+    groups = {"self_harmony": [run(0, 0.34), run(1, 0.51)], "verifier": [run(0, 0.48), run(1, 0.53)]}
+    assert baseline(groups) == "verifier" and baseline({"default": [], "verifier": []}) == "default"
+    assert baseline({"co_reward": []}) == "default"
+    rows = comparison(groups, ["it0", "it1"], baseline(groups)).splitlines()
+    assert "held-out it1 - verifier's, same seed" in rows[0]
+    assert "| -0.080 +- 0.085 (-0.14, -0.02) |" in rows[2]
+    assert rows[3].split(" | ")[6] == ""  # the oracle's own row
+
+
 def test_variants_are_plotted_by_family_with_the_default_in_each():
     from scripts.seeds import families
 
