@@ -253,14 +253,16 @@ def mean_sd(values: list[float]) -> str:
 
 def load_results(out: Path) -> dict[str, list[dict]]:
     """Kept results by variant, seeds in order: `<out>/<variant>/s<seed>.json` (or a flat
-    `<out>/*.json` with a `variant` or `judge` field)."""
+    `<out>/*.json` with a `variant` or `judge` field; a `tag` (real_loops --tag) prefixes the judge, so
+    `nft` runs of a judge are a variant of their own)."""
     groups: dict[str, list[dict]] = {}
     for f in sorted(out.glob("*.json")) + sorted(out.glob("*/s*.json")):
         r = json.loads(f.read_text())
         if stray := unexpected_params(r):
             print(f"{f}: left out: it ran with params beyond its overrides {stray}", file=sys.stderr)
             continue
-        groups.setdefault(r.get("variant") or r.get("judge") or f.parent.name, []).append(r)
+        judge = r.get("judge") and (f"{r['tag']}-{r['judge']}" if r.get("tag") else r["judge"])
+        groups.setdefault(r.get("variant") or judge or f.parent.name, []).append(r)
     order = sorted(groups, key=lambda k: (k != "default", k))  # the baseline first
     return {k: sorted(groups[k], key=lambda r: r["seed"]) for k in order}
 

@@ -104,6 +104,23 @@ def test_a_judge_table_without_a_default_is_set_against_the_oracle():
     assert rows[3].split(" | ")[6] == ""  # the oracle's own row
 
 
+def test_a_tagged_run_of_a_judge_is_a_variant_of_its_own(tmp_path):
+    import json
+
+    from scripts.seeds import load_results
+
+    def keep(name: str, seed: int, **extra) -> None:
+        (tmp_path / f"{name}.json").write_text(json.dumps(
+            {"judge": "verifier", "seed": seed, "metrics": {"it0": {"accuracy": 0.2}}, **extra}))
+
+    keep("verifier-s0", 0)
+    keep("verifier-s1", 1)
+    keep("nft-verifier-s0", 0, tag="nft")
+    groups = load_results(tmp_path)
+    assert sorted(groups) == ["nft-verifier", "verifier"]
+    assert [r["seed"] for r in groups["verifier"]] == [0, 1] and len(groups["nft-verifier"]) == 1
+
+
 def test_variants_are_plotted_by_family_with_the_default_in_each():
     from scripts.seeds import families
 
