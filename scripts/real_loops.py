@@ -7,7 +7,7 @@
         -S sample.backend=hf --judges verifier --seeds 0 1 2   # without DVC, six loops at once (a GPU host)
 
 Each (judge, seed) runs `dvc exp run -n smol-<judge>-s<seed>` with one of the SmolLM2 recipes
-(configs/recipes/smollm2-v2.yaml, the default, or smollm2-v1.yaml), the judge and the seed, then copies
+(configs/recipes/smollm2-v2.yaml, the default, smollm2-v1.yaml or smollm2-gym.yaml), the judge and the seed, then copies
 its per-iteration metrics to `reports/smollm2_v2/<judge>-s<seed>.json` (smollm2-v1: `reports/smollm2/`)
 and its summary and figures to `reports/smollm2_v2/<judge>-s<seed>/`. A judge is a `judge.method` (with
 `llm_judge:<mode>`) or a rule of `scripts/gap.py` (`scpo`, `self_harmony+validity`, ...), the same
@@ -30,7 +30,8 @@ from pathlib import Path
 from scripts.seeds import ROOT, run_experiment, run_plain, write_reports
 from self_improve import recipes
 
-OUTS = {"smollm2-v1": ROOT / "reports" / "smollm2", "smollm2-v2": ROOT / "reports" / "smollm2_v2"}
+OUTS = {"smollm2-v1": ROOT / "reports" / "smollm2", "smollm2-v2": ROOT / "reports" / "smollm2_v2",
+        "smollm2-gym": ROOT / "reports" / "smollm2_gym"}
 
 
 def recipe(name: str) -> list[str]:
