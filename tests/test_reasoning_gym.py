@@ -57,6 +57,16 @@ def test_gold_is_right_and_a_wrong_answer_wrong_for_every_dataset():
     assert task.verify("5", None, "chain_sum-2") is None
 
 
+def test_a_missing_answer_read_from_a_table_is_wrong_not_an_error():
+    import pandas as pd
+
+    task = _task()
+    row = task.sets(0, 0).heldout.iloc[0]
+    preds = pd.DataFrame({"pred": [row.answer, None]})["pred"]  # pandas >= 3 holds the None as NaN
+    assert [task.verify(p, row.answer, row.category) for p in preds] == [1.0, 0.0]
+    assert task.verify(float("nan"), row.answer, None) == 0.0
+
+
 def test_grading_agrees_with_the_datasets_own_scorers_on_real_looking_responses():
     import reasoning_gym
     from reasoning_gym.utils import extract_answer

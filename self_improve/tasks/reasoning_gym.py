@@ -93,7 +93,7 @@ class ReasoningGymTask(FileTask):
         none), right when some configured dataset's scorer says so."""
         if not isinstance(gold, str):
             return None
-        if answer is None:
+        if not isinstance(answer, str):  # None, or the NaN a pandas string column holds for a missing answer
             return 0.0
         scorers = [self._scorers[category]] if category in self._scorers else list(self._scorers.values())
         entry = {"question": "", "answer": gold, "metadata": {}}
