@@ -119,8 +119,15 @@ def main(argv: list[str] | None = None) -> None:
         out.with_suffix(".md").write_text(lengths_table(result) if args.lengths else greedy_table(result))
         return
     # 2. it1's prompts, sampled by it0 at each temperature, diagnosed under every rule
-    inp = ProposeInput(params.evolve, "it1", derive_seed(params.seed, "evolve", "it1"), sets.ttt, sets.heldout,
-                       art.empty_table(art.JUDGMENTS), rewrites=True)
+    # the base model writes the paraphrases of a task without rewrites of its own (file tasks,
+    # reasoning_gym), as the evolve stage's writer does in a loop
+    from self_improve.evolution import model_writer
+
+    base_dir = params.model.base if not params.model.builtin else "data/it0/model"
+    evolve_seed = derive_seed(params.seed, "evolve", "it1")
+    inp = ProposeInput(params.evolve, "it1", evolve_seed, sets.ttt, sets.heldout,
+                       art.empty_table(art.JUDGMENTS), rewrites=True,
+                       writer=model_writer(str(base_dir), params, evolve_seed))
     prompts = task.propose(inp)
     handle = ModelHandle(model, tok)
     temperatures = args.temperatures or [params.sample.temperature]
