@@ -4,6 +4,7 @@
     python -m scripts.seeds --name dpo --seeds 0 1 2 -S train.algorithm=dpo
     python -m scripts.seeds --variants scripts/variants.yaml --seeds 0 1 2   # every README comparison
     python -m scripts.seeds --table          # only rebuild the table and plot from kept results
+    python -m scripts.seeds --variants scripts/variants.yaml --plain /tmp/seeds --jobs 8   # without DVC
 
 One run cannot tell two variants apart: the same seed trains a different tiny base model on another
 CPU (floating point), and every later figure inherits the difference. Each (variant, seed) runs
@@ -28,7 +29,9 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -480,7 +483,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=OUT, help=f"where results are kept (default {OUT.relative_to(ROOT)})")
     ap.add_argument("--force", action="store_true", help="run again even if a result exists")
     ap.add_argument("--table", action="store_true", help="only rebuild the table and the plot")
+    ap.add_argument("--plain", type=Path, default=None, metavar="DIR",
+                    help="run the stages without DVC, each run in DIR/<name>-s<seed> (scripts/plain.py): a "
+                         "machine without DVC")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="with --plain: runs at once (one process each, the CPU threads split between them)")
     args = ap.parse_args(argv)
+    if args.jobs < 1 or (args.jobs > 1 and args.plain is None):
+        ap.error("--jobs: a positive number, above 1 only with --plain (one DVC experiment at a time per workspace)")
     if not args.table:
         if args.variants:
             variants = load_variants(args.variants)
@@ -488,12 +498,24 @@ def main(argv: list[str] | None = None) -> None:
             variants = {args.name: args.params}
         else:
             ap.error("--name (or --variants) is needed to run a variant")
-        for seed in args.seeds:
-            for name, params in variants.items():
-                overrides = [x for p in params for x in ("-S", p)] + ["-S", f"seed={seed}"]
-                run_experiment(f"{name}-s{seed}", overrides, args.out / name / f"s{seed}.json",
-                               force=args.force, extra={"variant": name, "seed": seed, "overrides": params})
+        runs = [(name, params, seed) for seed in args.seeds for name, params in variants.items()]
+        threads = max(1, (os.cpu_count() or 1) // args.jobs)
+        lock = threading.Lock()
+
+        def one(run: tuple[str, list[str], int]) -> None:
+            name, params, seed = run
+            overrides = [x for p in params for x in ("-S", p)] + ["-S", f"seed={seed}"]
+            dest, extra = args.out / name / f"s{seed}.json", {"variant": name, "seed": seed, "overrides": params}
+            if args.plain is not None:
+                run_plain(f"{name}-s{seed}", overrides, dest, workdir=args.plain.resolve(), force=args.force,
+                          extra=extra, threads=threads)
+            else:
+                run_experiment(f"{name}-s{seed}", overrides, dest, force=args.force, extra=extra)
+            with lock:
                 write_reports(args.out)
+
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # a first seed of every variant before a second
+            list(pool.map(one, runs))
     print(write_reports(args.out))
 
 

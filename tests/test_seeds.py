@@ -121,6 +121,28 @@ def test_a_tagged_run_of_a_judge_is_a_variant_of_its_own(tmp_path):
     assert [r["seed"] for r in groups["verifier"]] == [0, 1] and len(groups["nft-verifier"]) == 1
 
 
+def test_plain_runs_every_variant_and_seed_in_parallel_workspaces(tmp_path, monkeypatch):
+    """--plain --jobs: each (variant, seed) goes to run_plain (tests/test_plain.py runs it for real)
+    in its own workspace with the CPU threads split between the jobs; --jobs without --plain is refused."""
+    from scripts import seeds
+
+    variants = tmp_path / "v.yaml"
+    variants.write_text("default: []\ndpo: [train.algorithm=dpo]\n")
+    calls = []
+    monkeypatch.setattr(seeds, "run_plain", lambda name, args, dest, **kw: calls.append((name, args, dest, kw)))
+    monkeypatch.setattr(seeds, "write_reports", lambda out: "")
+    monkeypatch.setattr(seeds.os, "cpu_count", lambda: 16)
+    seeds.main(["--variants", str(variants), "--seeds", "0", "1", "--plain", str(tmp_path / "w"), "--jobs", "4",
+                "--out", str(tmp_path / "out")])
+    assert sorted(c[0] for c in calls) == ["default-s0", "default-s1", "dpo-s0", "dpo-s1"]
+    dpo1 = next(c for c in calls if c[0] == "dpo-s1")
+    assert dpo1[1] == ["-S", "train.algorithm=dpo", "-S", "seed=1"] and dpo1[2] == tmp_path / "out" / "dpo" / "s1.json"
+    assert dpo1[3]["threads"] == 4 and dpo1[3]["workdir"] == (tmp_path / "w").resolve()
+    assert dpo1[3]["extra"] == {"variant": "dpo", "seed": 1, "overrides": ["train.algorithm=dpo"]}
+    with pytest.raises(SystemExit):
+        seeds.main(["--name", "x", "--jobs", "2"])
+
+
 def test_variants_are_plotted_by_family_with_the_default_in_each():
     from scripts.seeds import families
 
