@@ -7,8 +7,9 @@
         -S sample.backend=hf --judges verifier --seeds 0 1 2   # without DVC, six loops at once (a GPU host)
 
 Each (judge, seed) runs `dvc exp run -n smol-<judge>-s<seed>` with one of the SmolLM2 recipes
-(configs/recipes/smollm2-v2.yaml, the default, smollm2-v1.yaml or smollm2-gym.yaml), the judge and the seed, then copies
-its per-iteration metrics to `reports/smollm2_v2/<judge>-s<seed>.json` (smollm2-v1: `reports/smollm2/`)
+(configs/recipes/smollm2-v2.yaml, the default, smollm2-v1.yaml or smollm2-gym.yaml), the judge and the
+seed, then copies its per-iteration metrics to `reports/smollm2_v2/<judge>-s<seed>.json` (smollm2-v1:
+`reports/smollm2/`, smollm2-gym: `reports/smollm2_gym/`)
 and its summary and figures to `reports/smollm2_v2/<judge>-s<seed>/`. A judge is a `judge.method` (with
 `llm_judge:<mode>`) or a rule of `scripts/gap.py` (`scpo`, `self_harmony+validity`, ...), the same
 overrides the diagnosis measured (experiment refs and DVC caches do not travel with a clone; these
