@@ -52,6 +52,14 @@ KEYS = ("accuracy", "accuracy_se", "ttt_accuracy", "ttt_accuracy_se", "maj_accur
         *(f"{s}{x}" for s in SIGNALS for x in ("", "_se", "_gain", "_gain_lo", "_gain_hi")))  # what the label-free choice reads
 
 
+PER_CATEGORY = ("accuracy/", "ttt_accuracy/")  # per category (a task's levels, reasoning-gym's datasets)
+
+
+def kept(key: str) -> bool:
+    """A metric a kept result carries: KEYS, and held-out and test-time accuracy per category."""
+    return key in KEYS or key.startswith(PER_CATEGORY)
+
+
 def iterations(root: Path = ROOT) -> list[str]:
     return ["it0"] + list(yaml.safe_load((root / "params.yaml").read_text())["loop"])
 
@@ -182,7 +190,7 @@ def keep_result(name: str, args: list[str], dest: Path, work: Path, *, ran: str,
     result = {"experiment": name, "args": args, "wall_seconds": round(wall, 1), **(extra or {}),
               "params_diff": params_diff(ran, base), "machine": machine() | (runner or {}),
               "params_set": {k: flatten(yaml.safe_load(ran)).get(k) for k in _set_by(args)},
-              "metrics": {it: {k: m[k] for k in KEYS if k in m} for it, m in metrics.items()}}
+              "metrics": {it: {k: m[k] for k in m if kept(k)} for it, m in metrics.items()}}
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.name + ".tmp")
     tmp.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")

@@ -243,3 +243,24 @@ def test_a_kept_result_carries_every_signal_the_label_free_choice_reads(tmp_path
     rows = [{"iteration": it, **m} for it, m in kept["metrics"].items()]
     assert kept["metrics"]["it1"]["lf_restate_share_gain_lo"] == 0.48
     assert recommend(rows)["iteration"] == "it0"
+
+
+def test_a_kept_result_carries_accuracy_per_category(tmp_path):
+    """A mix of reasoning-gym datasets (or a task's levels) is read per dataset from kept results."""
+    import json
+
+    from scripts.seeds import keep_result
+
+    work = tmp_path / "work"
+    (work / "reports" / "figures").mkdir(parents=True)
+    (work / "reports" / "summary.md").write_text("summary\n")
+    (work / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    for it in ("it0", "it1", "it2", "it3"):
+        (work / "reports" / "iterations" / it).mkdir(parents=True)
+        (work / "reports" / "iterations" / it / "metrics.json").write_text(json.dumps(
+            {"iteration": it, "accuracy": 0.3, "accuracy/chain_sum-2x12": 0.2, "ttt_accuracy/chain_sum-2x12": 0.25,
+             "mix_chain_sum-2x12": 0.5, "train_seconds": 9.0}))
+    text = (ROOT / "params.yaml").read_text()
+    kept = json.loads(keep_result("g-s0", [], tmp_path / "g-s0.json", work, ran=text, base=text, wall=1.0).read_text())
+    assert kept["metrics"]["it1"] == {"accuracy": 0.3, "accuracy/chain_sum-2x12": 0.2,
+                                      "ttt_accuracy/chain_sum-2x12": 0.25}
