@@ -96,9 +96,9 @@ INSTRUCTION = "Answer with the final number only."  # the SmolLM2 recipe's task.
 
 
 def engines(model_dir: Path, n_prompts: int = 64, max_new_tokens: int = 48) -> dict:
-    """hf, ct2 float32 and ct2 int8 on the same word problems: new tokens/s greedy (k 1) and sampled
-    (k 8, temperature 0.7), how many greedy answers equal hf's, and greedy accuracy on the problems
-    (with its binomial s.e.). vLLM is left out: on a CPU its server's start-up is the cost, and
+    """hf, ct2 float32, ct2 int8 and ct2 float32 with two sampling lanes (`sample.ct2.lanes: 2`) on the
+    same word problems: new tokens/s greedy (k 1) and sampled (k 8, temperature 0.7), how many greedy
+    answers equal hf's, and greedy accuracy on the problems (with its binomial s.e.). vLLM is left out: on a CPU its server's start-up is the cost, and
     tests/test_smollm2.py runs it."""
     from self_improve.config import Ct2Config, TaskConfig
     from self_improve.engines.ct2 import CT2Sampler, convert, ct2_unavailable
@@ -127,6 +127,8 @@ def engines(model_dir: Path, n_prompts: int = 64, max_new_tokens: int = 48) -> d
         out["ct2_conversion_seconds"] = round(secs, 1)
         for compute_type in ("float32", "int8"):
             samplers[f"ct2_{compute_type}"] = CT2Sampler(Path(tmp.name) / "engine", Ct2Config(compute_type=compute_type))
+        # recipe V2's sampling: two seeded single-threaded generators on alternate batches (greedy: as float32)
+        samplers["ct2_float32_lanes2"] = CT2Sampler(Path(tmp.name) / "engine", Ct2Config(compute_type="float32", lanes=2))
     runs: dict = {}
     for name, sampler in samplers.items():
         sampler.generate(prompts[:2], greedy, 0, progress=False)  # warm-up
