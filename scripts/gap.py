@@ -2,6 +2,7 @@
 
     make gap-smollm2       # the recipe's sizes, temperatures 0.3 / 0.7 / 1.0 -> reports/gap_smollm2.*
     make lengths-smollm2   # step 1 only, at 48..256 new tokens -> reports/lengths_smollm2.*
+    python -m scripts.gap --recipe smollm2-gym --greedy-only --out reports/gym_mix_smollm2.json
     python -m scripts.gap -S model.base=models/smollm2-135m-instruct -S task.name=word_math \\
         --judges verifier majority_vote scpo+validity --temperatures 0.3 1.0 --out reports/gap.json
 
@@ -59,6 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-S", "--set", action="append", default=[], help="params override, key=value")
     ap.add_argument("--params", default="params.yaml")
+    ap.add_argument("--recipe", help="a recipe (configs/recipes/<name>.yaml, or a YAML path) applied before the -S overrides")
     ap.add_argument("--judges", nargs="+", default=list(RULES),
                     help=f"rules: {', '.join(RULES)}; or a judge.method (llm_judge:<mode>)")
     ap.add_argument("--temperatures", type=float, nargs="+", default=None,
@@ -70,7 +72,8 @@ def main(argv: list[str] | None = None) -> None:
                          "every shorter length (greedy decoding is prefix-consistent), accuracy and cut share")
     ap.add_argument("--out", required=True, help="JSON figures; a .md table is written beside it")
     args = ap.parse_args(argv)
-    raw = recipes.apply(yaml.safe_load(Path(args.params).read_text()), args.set)
+    raw = yaml.safe_load(Path(args.params).read_text())
+    raw = recipes.apply(recipes.apply(raw, recipes.load(args.recipe)) if args.recipe else raw, args.set)
     params = parse_params(raw, args.params)
     load_params(args.params)  # the file itself must be valid too
     set_threads()
@@ -84,7 +87,8 @@ def main(argv: list[str] | None = None) -> None:
 
     sampler = (HFSampler(model, tok) if params.model.builtin else
                open_sampler(params.model.base, params.sample, params.security, model_cfg=params.model))
-    result: dict = {"params": {k: v for k, v in (s.split("=", 1) for s in args.set)}}
+    given = {k: recipes.render(v) for k, v in recipes.load(args.recipe).items()} if args.recipe else {}
+    result: dict = {"params": given | {k: v for k, v in (s.split("=", 1) for s in args.set)}}
 
     # 1. where the task's difficulty sits: greedy accuracy per category on the held-out set
     longest = max(args.lengths) if args.lengths else params.evaluate.max_new_tokens

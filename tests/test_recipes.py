@@ -85,3 +85,24 @@ def test_every_diagnosed_rule_runs_as_a_loop_with_the_configs_the_diagnosis_meas
         assert (looped.judge, looped.pairs) == (judge, pairs), name
     assert rule("scpo+validity_any", base)[1].weight.value == "margin"
     assert rule("llm_judge:yes_logprob", base)[0].mode.value == "yes_logprob"
+
+
+def test_the_diagnosis_takes_a_recipe_by_name_with_overrides_on_top(tmp_path, bpe_model_dir, monkeypatch):
+    """`scripts.gap --recipe` applies the recipe before -S (a recipe's quoted values survive, which
+    `$(python -m self_improve.recipes ...)` in a shell does not), and records what ran."""
+    import json
+
+    from scripts import gap
+
+    recipe = tmp_path / "small.yaml"
+    recipe.write_text(f"model: {{base: {bpe_model_dir}}}\n"
+                      "task: {name: word_math, instruction: Answer with the final number only., heldout_size: 12,"
+                      " ttt_size: 4}\nsample: {backend: hf}\nevaluate: {max_new_tokens: 8}\n")
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "gap.json"
+    gap.main(["--recipe", str(recipe), "-S", "task.heldout_size=6", "--greedy-only", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert result["greedy"]["n"] == 6  # the -S on top of the recipe's 12
+    assert result["params"]["task.instruction"] == "Answer with the final number only."
+    assert result["params"]["task.heldout_size"] == "6" and result["params"]["sample.backend"] == "hf"
+    assert out.with_suffix(".md").read_text().startswith("it0 greedy answers to 6 held-out problems")
