@@ -7,7 +7,8 @@
 2. Sampling through the chat format: 64 prompts in one batched call vs 8 prompts one at a time
    (generated tokens/s), and log-prob scoring of those samples (tokens/s).
    The engines side by side (`engines`): hf, CTranslate2 float32 and int8 on 64 word problems of the recipe, greedy (k 1) and sampled (k 8) new tokens/s, how many greedy
-   answers equal hf's, and each engine's greedy accuracy with its s.e.
+   answers equal hf's, and each engine's greedy accuracy with its s.e. Log-prob scoring of k 8
+   samples per problem on torch and on CTranslate2's forward pass (`scoring`, `--scoring-only`).
 3. The train stage itself, as a subprocess on 64 of those samples (RAFT, LoRA): batch 64 with
    micro-batches of 8 and, for comparison, of 64; its peak RSS, training tokens/s and the bytes its
    iteration writes (the adapter) against the base model's size.
@@ -154,6 +155,50 @@ def engines(model_dir: Path, n_prompts: int = 64, max_new_tokens: int = 48) -> d
     return out
 
 
+def scoring(model_dir: Path, n_prompts: int = 64, k: int = 8, max_new_tokens: int = 48) -> dict:
+    """Log-prob scoring (summed log-probs and self-certainty per response, what the judges read) on
+    torch (`hf.score`) and on CTranslate2 float32's forward pass (`CT2Sampler.score`), on both
+    cores, of the same k samples per word problem (drawn by ct2 at T 0.7): tokens/s of each, best
+    of two timed calls after a warm-up, and the largest difference between their figures."""
+    from self_improve.config import Ct2Config, TaskConfig
+    from self_improve.engines.ct2 import CT2Sampler, convert, ct2_unavailable
+    from self_improve.engines.hf import SamplingSpec, score
+    from self_improve.models.loading import load_model, set_threads
+    from self_improve.tasks import task_for
+
+    if ct2_unavailable():
+        return {"skipped": ct2_unavailable()}
+    set_threads()
+    task = task_for(TaskConfig(name="word_math", instruction=INSTRUCTION, heldout_size=n_prompts, ttt_size=8))
+    prompts = list(task.sets(0, 0).heldout["prompt"])
+    model, tok = load_model(model_dir, device="cpu")
+    with tempfile.TemporaryDirectory(prefix="bench-ct2-") as tmp:
+        convert(model_dir, None, Path(tmp) / "engine")
+        ct2 = CT2Sampler(Path(tmp) / "engine", Ct2Config(compute_type="float32"))
+        spec = SamplingSpec(n=k, temperature=0.7, max_new_tokens=max_new_tokens, batch_size=512)
+        sampled = ct2.generate(prompts, spec, 1, progress=False)
+        sp = [p for p, group in zip(prompts, sampled) for _ in group]
+        sr = [t for group in sampled for t in group]
+        runs = {"hf": lambda: score(model, tok, sp, sr, batch_size=64, progress=False),
+                "ct2_float32": lambda: ct2.score(sp, sr, batch_size=64, progress=False)}
+        secs: dict = {name: [] for name in runs}
+        res: dict = {}
+        for name, run in runs.items():
+            run()  # warm-up
+        for _ in range(2):  # alternated, so that a slower spell of the machine does not favour one
+            for name, run in runs.items():
+                res[name], t = timed(run)
+                secs[name].append(t)
+    hf, c = res["hf"], res["ct2_float32"]
+    rate = {name: round(res[name].processed_tokens / min(secs[name]), 1) for name in runs}
+    return {"responses": len(sr), "tokens": hf.processed_tokens, "hf_tokens_per_s": rate["hf"],
+            "ct2_float32_tokens_per_s": rate["ct2_float32"],
+            "ct2_vs_hf": round(rate["ct2_float32"] / rate["hf"], 2),
+            "max_abs_logp_difference": round(max(abs(a - b) for a, b in zip(hf.logp, c.logp)), 5),
+            "max_abs_self_certainty_difference": round(
+                max(abs(a - b) for a, b in zip(hf.self_certainty, c.self_certainty)), 5)}
+
+
 def train_stage(model_dir: Path, prompts: list[str], responses: list[str], micro_batch: int, tmp: Path) -> dict:
     """The train stage as a user runs it, in its own process: peak RSS, tokens/s, bytes written."""
     import pandas as pd
@@ -236,7 +281,16 @@ def main(argv: list[str] | None = None) -> None:
                    help="only the orchestration share: update the `loop` figures of --out, keep the rest")
     p.add_argument("--engines-only", action="store_true",
                    help="only the engines' comparison: update the `engines` figures of --out, keep the rest")
+    p.add_argument("--scoring-only", action="store_true",
+                   help="only log-prob scoring on torch and ct2: update the `scoring` figures of --out, keep the rest")
     args = p.parse_args(argv)
+    if args.scoring_only:
+        out = Path(args.out)
+        result = json.loads(out.read_text()) if out.exists() else {}
+        result["scoring"] = scoring(Path(args.model))
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps(result["scoring"], indent=1))
+        return
     if args.engines_only:
         out = Path(args.out)
         result = json.loads(out.read_text()) if out.exists() else {}
@@ -262,6 +316,8 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps(sampling), flush=True)
     result["engines"] = engines(model_dir)
     print(json.dumps(result["engines"]), flush=True)
+    result["scoring"] = scoring(model_dir)
+    print(json.dumps(result["scoring"]), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         result["train"] = [train_stage(model_dir, prompts, responses, m, Path(tmp)) for m in (8, 64)]
     print(json.dumps(result["train"]), flush=True)

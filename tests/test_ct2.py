@@ -170,3 +170,17 @@ def test_an_unknown_architecture_is_named_and_only_auto_falls_back(unconvertible
     assert record["engine"] == "hf" and "GPTNeoForCausalLM" in record["fallback"]
     sampler = open_sampler(unconvertible, SampleConfig(backend="auto"), engine="auto")
     assert sampler.backend == "hf"
+
+
+def test_scores_equal_torch(engine_dir, trained, tok):
+    from self_improve.engines.hf import score
+
+    responses = [f"{a}" for a in range(len(PROMPTS))]
+    responses[3] = ""  # only the end-of-turn token
+    hf = score(trained, tok, PROMPTS, responses, batch_size=8, progress=False)
+    ct2 = CT2Sampler(engine_dir).score(PROMPTS, responses, batch_size=8, max_tokens=64, progress=False)
+    assert ct2.tokens == hf.tokens and ct2.processed_tokens == hf.processed_tokens > 0
+    assert ct2.logp == pytest.approx(hf.logp, abs=1e-3)
+    assert ct2.self_certainty == pytest.approx(hf.self_certainty, abs=1e-3)
+    assert len({round(x, 3) for x in hf.logp}) > 1  # the rows differ
+    assert CT2Sampler(engine_dir).score([], []).logp == []

@@ -157,7 +157,7 @@ class CT2Sampler:
         self._inter, self._intra = _threads(cfg)
         self.batch_size = cfg.batch_size
         self.lanes = cfg.lanes
-        self._greedy = None
+        self._greedy = self._scorer = None
         log.info("ct2: %s, %d x %d threads, %d sampling lane(s)", self.compute_type, self._inter, self._intra,
                  self.lanes)
 
@@ -237,6 +237,45 @@ class CT2Sampler:
                     f.result()
         bar.close()
         return Generations(texts, cut, sum(counts))
+
+    def score(self, prompts, responses, batch_size: int = 64, max_tokens: int = 2048, desc: str = "score",
+              progress: bool = True):
+        """`hf.score` on the converted model: per (prompt, response), the summed log-prob of the
+        response tokens (end-of-turn included), their count and self-certainty, from the same token
+        rows as hf (`encode_rows`), in length-sorted batches of at most `max_tokens` padded tokens
+        (each batch returns rows x width x vocabulary float32 log-probs, 0.8 GB at 4,096 tokens and a
+        49k vocabulary). Float32 sums match torch's to about 1e-4 (tests/test_ct2.py); on a CPU it is
+        no faster than torch (`make bench-real`), so the judges and the trainers score on torch."""
+        import numpy as np
+        from tqdm.auto import tqdm
+
+        from self_improve.engines.hf import Scores, encode_rows, token_batches
+
+        n = len(prompts)
+        logp, count, certainty = [0.0] * n, [0] * n, [0.0] * n
+        if n == 0:
+            return Scores(logp, count, certainty, 0)
+        if self._scorer is None:  # one batch at a time, on every thread
+            self._scorer = self._ct2.Generator(self._path, device="cpu", compute_type=self.compute_type,
+                                               inter_threads=1, intra_threads=self._inter * self._intra)
+        rows = encode_rows(self.chat, prompts, responses)
+        processed = 0
+        bar = tqdm(total=n, desc=desc, unit="seq", disable=not progress, mininterval=1.0)
+        for idx in token_batches([len(r.ids) for r in rows], batch_size, max_tokens):
+            out = np.asarray(self._scorer.forward_batch(self._tokens([rows[i].ids for i in idx]),
+                                                        return_log_probs=True))
+            for j, i in enumerate(idx):
+                row = rows[i]
+                pos = np.arange(row.prompt_len - 1, len(row.ids) - 1)  # the positions predicting the response
+                lp = out[j, pos]
+                logp[i] = float(lp[np.arange(len(pos)), row.ids[row.prompt_len:]].astype(np.float64).sum())
+                count[i] = row.response_len
+                # KL(Uniform || p) per position = -log V - mean_j log p_j, averaged over the response
+                certainty[i] = float((-math.log(out.shape[-1]) - lp.astype(np.float64).mean(-1)).mean())
+                processed += len(row.ids)
+            bar.update(len(idx))
+        bar.close()
+        return Scores(logp, count, certainty, processed)
 
 
 def open_ct2(engine_dir: str | Path | None, model_dir: str | Path, base: str | Path | None, cfg: Ct2Config,
