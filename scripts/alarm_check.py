@@ -2,7 +2,7 @@
 
     python -m scripts.alarm_check --out reports/alarm_check.md
 
-Reads every kept result (reports/seeds/<variant>/s<seed>.json, reports/smollm2*/<judge>-s<seed>.json),
+Reads every kept result (reports/<dir>/<variant>/s<seed>.json and reports/<dir>/<name>-s<seed>.json),
 runs `quality.reward_hacking_alarm` on its per-iteration metrics, and sets that beside the truth:
 whether some iteration's held-out accuracy fell below it0's by more than 2 standard errors of the
 difference (binomial s.e. of each, as the alarm reads them). Older results without `accuracy_se`
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from pathlib import Path
 
 from self_improve.quality import binomial_se, reward_hacking_alarm
@@ -54,10 +55,13 @@ def lost(rows: list[dict], z: float = 2.0) -> str | None:
 
 
 def runs() -> list[tuple[str, dict]]:
-    found = [(f"seeds/{p.parent.name}/{p.stem}", p) for p in sorted((ROOT / "reports/seeds").glob("*/s*.json"))]
-    for d in sorted(ROOT.glob("reports/smollm2*")):
-        if d.is_dir():
-            found += [(f"{d.name}/{p.stem}", p) for p in sorted(d.glob("*-s*.json")) if not p.stem.endswith("timings")]
+    """Every kept result under reports/: `<dir>/<variant>/s<seed>.json` (scripts/seeds.py: seeds, bstar,
+    scaling) and `<dir>/<name>-s<seed>.json` (scripts/real_loops.py: smollm2*, engine_loop)."""
+    found = []
+    for d in sorted(p for p in (ROOT / "reports").iterdir() if p.is_dir()):
+        found += [(f"{d.name}/{p.parent.name}/{p.stem}", p) for p in sorted(d.glob("*/s*.json"))
+                  if re.fullmatch(r"s\d+", p.stem)]
+        found += [(f"{d.name}/{p.stem}", p) for p in sorted(d.glob("*-s*.json")) if re.search(r"-s\d+$", p.stem)]
     return [(name, json.loads(p.read_text())) for name, p in found]
 
 

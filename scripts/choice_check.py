@@ -2,7 +2,7 @@
 
     python -m scripts.choice_check --out reports/choice_check.md
 
-Reads every kept result (reports/seeds/<variant>/s<seed>.json, reports/smollm2*/<judge>-s<seed>.json),
+Reads every kept result (reports/<dir>/<variant>/s<seed>.json and reports/<dir>/<name>-s<seed>.json),
 runs `choice.recommend` on its per-iteration metrics (label-free signals only), and sets that beside
 the truth the rule never reads: the best held-out iteration, whether the recommended one is within
 one standard error of it (the best's binomial s.e.), and whether it is below it0 beyond noise (its
