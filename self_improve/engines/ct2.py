@@ -244,7 +244,7 @@ class CT2Sampler:
         response tokens (end-of-turn included), their count and self-certainty, from the same token
         rows as hf (`encode_rows`), in length-sorted batches of at most `max_tokens` padded tokens
         (each batch returns rows x width x vocabulary float32 log-probs, 0.8 GB at 4,096 tokens and a
-        49k vocabulary). Float32 sums match torch's to about 1e-4 (tests/test_ct2.py); on a CPU it is
+        49k vocabulary). Float32 sums match torch's to about 1e-3 (tests/test_ct2.py); on a CPU it is
         no faster than torch (`make bench-real`), so the judges and the trainers score on torch."""
         import numpy as np
         from tqdm.auto import tqdm
