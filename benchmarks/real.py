@@ -284,29 +284,27 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--scoring-only", action="store_true",
                    help="only log-prob scoring on torch and ct2: update the `scoring` figures of --out, keep the rest")
     args = p.parse_args(argv)
-    if args.scoring_only:
+
+    def update(key: str, figures: dict) -> dict:
+        """Replace one section of --out's figures, keeping the rest."""
         out = Path(args.out)
         result = json.loads(out.read_text()) if out.exists() else {}
-        result["scoring"] = scoring(Path(args.model))
+        result[key] = figures
         out.write_text(json.dumps(result, indent=2) + "\n")
-        print(json.dumps(result["scoring"], indent=1))
+        return figures
+
+    if args.scoring_only:
+        print(json.dumps(update("scoring", scoring(Path(args.model))), indent=1))
         return
     if args.engines_only:
-        out = Path(args.out)
-        result = json.loads(out.read_text()) if out.exists() else {}
-        result["engines"] = engines(Path(args.model))
-        out.write_text(json.dumps(result, indent=2) + "\n")
-        print(json.dumps(result["engines"], indent=1))
+        print(json.dumps(update("engines", engines(Path(args.model))), indent=1))
         return
     if args.loop_only:
         if not (args.loop_timings and args.loop_seconds):
             p.error("--loop-only needs --loop-timings and --loop-seconds")
-        out = Path(args.out)
-        result = json.loads(out.read_text()) if out.exists() else {}
-        result["loop"] = orchestration(Path(args.loop_timings), args.loop_seconds)
-        out.write_text(json.dumps(result, indent=2) + "\n")
-        share = result["loop"]["orchestration_share"]
-        print(json.dumps({k: v for k, v in result["loop"].items() if k != "stages"}))
+        loop = update("loop", orchestration(Path(args.loop_timings), args.loop_seconds))
+        share = loop["orchestration_share"]
+        print(json.dumps({k: v for k, v in loop.items() if k != "stages"}))
         print(f"targets: orchestration_share {'met' if share <= TARGETS['orchestration_share'] else 'MISSED'}")
         return
     model_dir = Path(args.model)
