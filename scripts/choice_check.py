@@ -8,6 +8,8 @@ the truth the rule never reads: the best held-out iteration, whether the recomme
 one standard error of it (the best's binomial s.e.), and whether it is below it0 beyond noise (its
 paired 95% interval of the gain from it0 below 0, else 2 s.e. of the difference). Results kept
 before evaluate recorded the signals have none: the rule keeps it0 on them, and the counts say so.
+The same counts for other minimum agreement gains (0: any rise beyond noise) show how much the
+default depends on its value.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ import argparse
 import math
 
 from scripts.alarm_check import ROOT, history, runs
-from self_improve.choice import recommend
+from self_improve.choice import MIN_AGREEMENT_GAIN, recommend
+
+
+SENSITIVITY = (0.0, 0.02, 0.03, 0.05, 0.08, 0.10, 0.15)  # minimum agreement gains the check also counts
 
 
 def below_it0(rows: list[dict], it: str) -> bool:
@@ -28,8 +33,8 @@ def below_it0(rows: list[dict], it: str) -> bool:
     return base["accuracy"] - row["accuracy"] > 2 * math.hypot(base["accuracy_se"], row["accuracy_se"])
 
 
-def check(rows: list[dict]) -> dict:
-    rec = recommend(rows)
+def check(rows: list[dict], min_gain: float = MIN_AGREEMENT_GAIN) -> dict:
+    rec = recommend(rows, min_gain)
     scored = [r for r in rows if r.get("accuracy") is not None]
     best = max(scored, key=lambda r: r["accuracy"])
     chosen = next(r for r in rows if r["iteration"] == rec["iteration"])
@@ -65,10 +70,17 @@ def main(argv: list[str] | None = None) -> None:
                 "it0 beyond noise")
 
     with_signals = [c for c in done if c["signals"]]
-    head = [f"All kept runs ({len(done)}): {counts(done)}.",
+    kept = [history(result) for _, result in runs()]
+    kept = [rows for rows in kept if len(rows) >= 2 and rows[0].get("iteration") == "it0"
+            and all(r.get("accuracy_se") is not None for r in rows)]
+    sensitivity = ", ".join(f"{m:.2f}: {sum(c['within'] for c in cs)} within, {sum(c['below_it0'] for c in cs)} below"
+                            for m in SENSITIVITY for cs in [[check(rows, m) for rows in kept]])
+    head = [f"Minimum agreement gain (95% low end) {MIN_AGREEMENT_GAIN:.2f}.",
+            f"All kept runs ({len(done)}): {counts(done)}.",
             f"Runs with the label-free signals recorded ({len(with_signals)}): {counts(with_signals)}.",
             f"Runs kept before the signals were recorded ({len(done) - len(with_signals)}): the rule keeps it0 "
-            "on them (no signal, do no harm).", ""]
+            "on them (no signal, do no harm).",
+            f"With other minimum agreement gains (of {len(kept)}): {sensitivity}.", ""]
     text = "\n".join(head + lines) + "\n"
     (ROOT / args.out).write_text(text)
     print(text)

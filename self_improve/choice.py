@@ -16,15 +16,22 @@ per problem (EVAL rows, sets `ttt` and `ttt_view`):
   is (the validity check looks at the first quantity only). Right answers do so at a base rate
   (a - b = b), the same at every iteration, so only its rise from it0 counts.
 - `lf_distinct`: distinct answers over problems; a policy collapsing onto a few answers halves it.
+- `lf_mode_share`: the share of problems given the model's commonest answer. A constant answer is
+  perfectly self-consistent (SRT, arXiv 2505.21444): a policy that collapses onto one answer for
+  many problems raises cross-view agreement with it, while the distinct answers may fall by less
+  than half.
 - `lf_frozen_yes`: with judge.frozen, the frozen base model's mean P(Yes) for the answers.
 
 Each has its paired gain from it0 (`<name>_gain`, `_lo`, `_hi`: bootstrap 95% over the same
 problems). No gold answer is read by any of them.
 
-The rule (`recommend`): itN is a candidate when its agreement rose from it0's beyond noise
-(the interval's low end above 0) and no veto holds: the invalid share rose beyond noise, the
-answers restating the question's numbers rose beyond noise, the distinct answers fell under half of
-it0's, or the frozen judge's P(Yes) fell beyond noise. An
+The rule (`recommend`): itN is a candidate when its agreement rose from it0's by at least
+`MIN_AGREEMENT_GAIN` (5 points, the smallest effect the recipes' eval sets are sized to see) at the
+95% interval's low end, and no veto holds: the invalid share rose beyond noise, the answers
+restating the question's numbers rose beyond noise, the distinct answers fell under half of it0's,
+the commonest answer's share more than doubled beyond noise, or the frozen judge's P(Yes) fell
+beyond noise. A rise that is merely above 0 is not enough: sharpening the policy (self-certainty,
+say) makes the two wordings agree a few points more without making the answers right. An
 iteration whose agreement fell cannot pass, so neither can one whose self-reward rose while
 its scores fell. The candidate with the highest agreement is recommended (ties: the earliest);
 with none, it0 (do no harm).
@@ -41,7 +48,9 @@ import pandas as pd
 from self_improve.quality import binomial_se, paired_gain
 
 VIEW_SET = "ttt_view"  # EVAL rows of the test-time problems' rewrites
-SIGNALS = ("lf_agreement", "lf_invalid_share", "lf_restate_share", "lf_frozen_yes")  # per problem, with paired gains
+SIGNALS = ("lf_agreement", "lf_invalid_share", "lf_restate_share", "lf_mode_share", "lf_frozen_yes")  # per problem, with paired gains
+MIN_AGREEMENT_GAIN = 0.05  # the low end of a candidate's agreement gain must be above this
+MODE_FACTOR = 2.0  # the commonest answer's share may not grow beyond this factor (and beyond noise)
 
 
 def _missing(v: Any) -> bool:
@@ -52,7 +61,8 @@ def per_problem(answers: pd.DataFrame) -> pd.DataFrame:
     """One row per test-time problem (index prompt_id): `lf_agreement` (1/0; NaN without a rewrite
     answered), `lf_invalid_share` (1: rejected by the validity check or no answer; NaN where the
     check was not run), `lf_restate_share` (1: the answer is one of the question's numbers; NaN
-    without an answer), `lf_frozen_yes` (NaN where not judged) and `pred`."""
+    without an answer), `lf_mode_share` (1: the answer is the commonest answer of this model over all
+    the problems; 0 without an answer), `lf_frozen_yes` (NaN where not judged) and `pred`."""
     ttt = answers[answers["set"] == "ttt"].drop_duplicates("prompt_id").set_index("prompt_id")
     preds = [None if _missing(p) else p for p in ttt["pred"]]
     view = answers[answers["set"] == VIEW_SET].drop_duplicates("prompt_id").set_index("prompt_id")["pred"]
@@ -66,9 +76,12 @@ def per_problem(answers: pd.DataFrame) -> pd.DataFrame:
         invalid = [np.nan] * len(ttt)
     frozen = ttt["frozen_yes"] if "frozen_yes" in ttt else [None] * len(ttt)
     restated = ttt["restates"] if "restates" in ttt else [None] * len(ttt)
+    answered = pd.Series([p for p in preds if p is not None], dtype=object)
+    mode = answered.value_counts().index[0] if len(answered) else None
     return pd.DataFrame({"pred": pd.Series(preds, index=ttt.index, dtype=object), "lf_agreement": agree,
                          "lf_invalid_share": invalid,
                          "lf_restate_share": [np.nan if _missing(v) else float(bool(v)) for v in restated],
+                         "lf_mode_share": [float(p is not None and p == mode) for p in preds],
                          "lf_frozen_yes": [np.nan if _missing(v) else float(v) for v in frozen]}, index=ttt.index)
 
 
@@ -111,6 +124,10 @@ def vetoes(row: dict, base: dict) -> list[str]:
                    f"{row.get('lf_restate_share', float('nan')):.3f} (95% low end {row['lf_restate_share_gain_lo']:+.3f})")
     if base.get("lf_distinct") and row.get("lf_distinct") is not None and row["lf_distinct"] < base["lf_distinct"] / 2:
         out.append(f"distinct answers halved {base['lf_distinct']:.3f} -> {row['lf_distinct']:.3f}")
+    mode, mode0 = row.get("lf_mode_share"), base.get("lf_mode_share")
+    if mode is not None and mode0 is not None and mode > MODE_FACTOR * mode0 and (row.get("lf_mode_share_gain_lo") or 0) > 0:
+        out.append(f"commonest answer's share up {mode0:.3f} -> {mode:.3f} (over {MODE_FACTOR:g}x, 95% low end "
+                   f"{row['lf_mode_share_gain_lo']:+.3f})")
     hi = row.get("lf_frozen_yes_gain_hi")
     if hi is not None and hi < 0:
         out.append(f"frozen judge's P(Yes) down {base.get('lf_frozen_yes', float('nan')):.3f} -> "
@@ -118,10 +135,11 @@ def vetoes(row: dict, base: dict) -> list[str]:
     return out
 
 
-def recommend(history: list[dict]) -> dict:
+def recommend(history: list[dict], min_gain: float = MIN_AGREEMENT_GAIN) -> dict:
     """The iteration to keep, chosen from label-free signals only (module doc), from the metrics of
-    it0 and each iteration in order. Returns `iteration`, `reason` and per iteration `rows`:
-    `candidate`, `vetoes`. Without the signals (results from before they were recorded): it0."""
+    it0 and each iteration in order: a candidate's agreement gain has its 95% low end above
+    `min_gain`. Returns `iteration`, `reason` and per iteration `rows`: `candidate`, `vetoes`.
+    Without the signals (results from before they were recorded): it0."""
     if not history:
         raise ValueError("recommend: no iterations")
     base = history[0]
@@ -130,7 +148,7 @@ def recommend(history: list[dict]) -> dict:
         it = row.get("iteration")
         lo = row.get("lf_agreement_gain_lo")
         v = vetoes(row, base)
-        candidate = lo is not None and lo > 0 and not v
+        candidate = lo is not None and lo > min_gain and not v
         rows[it] = {"candidate": candidate, "vetoes": v, "agreement": row.get("lf_agreement"),
                     "agreement_gain_lo": lo}
         if candidate and (best is None or row["lf_agreement"] > best["lf_agreement"]):
@@ -140,7 +158,8 @@ def recommend(history: list[dict]) -> dict:
                 "reason": "no label-free signals recorded (lf_agreement): the base model, do no harm"}
     if best is None:
         return {"iteration": base.get("iteration", "it0"), "rows": rows,
-                "reason": "no iteration's cross-view agreement rose beyond noise without a veto: the base model"}
+                "reason": f"no iteration's cross-view agreement rose by over {min_gain:.2f} beyond noise without a "
+                          "veto: the base model"}
     return {"iteration": best["iteration"], "rows": rows,
             "reason": f"highest cross-view agreement {best['lf_agreement']:.3f} (it0 {base['lf_agreement']:.3f}, "
                       f"gain 95% low end {best['lf_agreement_gain_lo']:+.3f}), no veto"}

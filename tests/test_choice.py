@@ -46,36 +46,53 @@ def test_signals_gain_is_paired_over_the_same_problems():
     assert s["lf_invalid_share_gain"] == 0.0
 
 
+def test_mode_share_counts_the_commonest_answer_and_its_paired_rise():
+    base = _eval(["1", "2", "3", "4", "5", None], ["1", "2", "3", "4", "5", None])
+    new = _eval(["7", "7", "7", "4", "5", None], ["7", "7", "7", "4", "9", None])
+    assert list(per_problem(new)["lf_mode_share"]) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]  # no answer: not the mode
+    s = signals(new, base)
+    assert s["lf_mode_share"] == 0.5 and s["lf_mode_share_gain"] == pytest.approx(0.5 - 1 / 6)
+    assert s["lf_agreement"] == pytest.approx(4 / 6)
+
+
 def test_a_task_without_rewrites_has_no_agreement():
     df = _eval(["1", "2"], [], valid=[True, True])
     assert per_problem(df)["lf_agreement"].isna().all()
     assert "lf_agreement" not in signals(df)
 
 
-def _row(it, agree, lo, invalid_lo=-0.1, distinct=0.5, frozen_hi=None, restate_lo=-0.1):
+def _row(it, agree, lo, invalid_lo=-0.1, distinct=0.5, frozen_hi=None, restate_lo=-0.1, mode=0.03, mode_lo=-0.01):
     return {"iteration": it, "lf_agreement": agree, "lf_agreement_gain_lo": lo, "lf_invalid_share_gain_lo": invalid_lo,
-            "lf_distinct": distinct, "lf_frozen_yes_gain_hi": frozen_hi, "lf_restate_share_gain_lo": restate_lo}
+            "lf_distinct": distinct, "lf_frozen_yes_gain_hi": frozen_hi, "lf_restate_share_gain_lo": restate_lo,
+            "lf_mode_share": mode, "lf_mode_share_gain_lo": mode_lo}
 
 
-def test_recommend_takes_the_highest_agreement_that_rose_beyond_noise():
-    h = [{"iteration": "it0", "lf_agreement": 0.4, "lf_distinct": 0.5},
-         _row("it1", 0.5, 0.02), _row("it2", 0.6, 0.1), _row("it3", 0.7, -0.01)]
+def test_recommend_takes_the_highest_agreement_that_rose_by_the_minimum_beyond_noise():
+    h = [{"iteration": "it0", "lf_agreement": 0.4, "lf_distinct": 0.5, "lf_mode_share": 0.03},
+         _row("it1", 0.5, 0.06), _row("it2", 0.6, 0.1), _row("it3", 0.7, 0.03), _row("it4", 0.8, -0.01)]
     rec = recommend(h)
-    assert rec["iteration"] == "it2"  # it3 agrees more but not beyond noise
-    assert [rec["rows"][it]["candidate"] for it in ("it1", "it2", "it3")] == [True, True, False]
+    assert rec["iteration"] == "it2"  # it3 and it4 agree more, but their low ends are under 0.05
+    assert [rec["rows"][it]["candidate"] for it in ("it1", "it2", "it3", "it4")] == [True, True, False, False]
+    assert recommend(h, min_gain=0.0)["iteration"] == "it3"  # any rise beyond noise
+    assert recommend(h, min_gain=0.2)["iteration"] == "it0" and "over 0.20" in recommend(h, min_gain=0.2)["reason"]
 
 
-def test_recommend_vetoes_invalid_share_up_distinct_halved_frozen_down():
+def test_recommend_vetoes_invalid_share_up_distinct_halved_mode_doubled_frozen_down():
     base = {"iteration": "it0", "lf_agreement": 0.4, "lf_distinct": 0.5, "lf_invalid_share": 0.2,
             "lf_frozen_yes": 0.6}
-    h = [base, _row("it1", 0.9, 0.3, invalid_lo=0.05), _row("it2", 0.9, 0.3, distinct=0.2),
-         _row("it3", 0.9, 0.3, frozen_hi=-0.01), _row("it4", 0.9, 0.3, restate_lo=0.02)]
+    h = [base | {"lf_mode_share": 0.03}, _row("it1", 0.9, 0.3, invalid_lo=0.05), _row("it2", 0.9, 0.3, distinct=0.2),
+         _row("it3", 0.9, 0.3, frozen_hi=-0.01), _row("it4", 0.9, 0.3, restate_lo=0.02),
+         _row("it5", 0.9, 0.3, mode=0.25, mode_lo=0.15)]
     rec = recommend(h)
     assert rec["iteration"] == "it0" and "no iteration" in rec["reason"]
     assert "restating the question's numbers" in rec["rows"]["it4"]["vetoes"][0]
     assert "invalid share up" in rec["rows"]["it1"]["vetoes"][0]
     assert "distinct answers halved" in rec["rows"]["it2"]["vetoes"][0]
     assert "frozen judge" in rec["rows"]["it3"]["vetoes"][0]
+    assert "commonest answer's share up 0.030 -> 0.250" in rec["rows"]["it5"]["vetoes"][0]
+    # doubled but within noise, or beyond noise but under twice: no veto
+    assert recommend([h[0], _row("it1", 0.9, 0.3, mode=0.07, mode_lo=-0.01)])["iteration"] == "it1"
+    assert recommend([h[0], _row("it1", 0.9, 0.3, mode=0.05, mode_lo=0.01)])["iteration"] == "it1"
 
 
 def test_recommend_without_signals_keeps_the_base_model():
