@@ -20,7 +20,6 @@ import math
 from scripts.alarm_check import ROOT, history, runs
 from self_improve.choice import MIN_AGREEMENT_GAIN, recommend
 
-
 SENSITIVITY = (0.0, 0.02, 0.03, 0.05, 0.08, 0.10, 0.15)  # minimum agreement gains the check also counts
 
 
@@ -78,8 +77,8 @@ def main(argv: list[str] | None = None) -> None:
     head = [f"Minimum agreement gain (95% low end) {MIN_AGREEMENT_GAIN:.2f}.",
             f"All kept runs ({len(done)}): {counts(done)}.",
             f"Runs with the label-free signals recorded ({len(with_signals)}): {counts(with_signals)}.",
-            f"Runs kept before the signals were recorded ({len(done) - len(with_signals)}): the rule keeps it0 "
-            "on them (no signal, do no harm).",
+            (f"Runs kept before the signals were recorded ({len(done) - len(with_signals)}): the rule keeps it0 "
+             "on them (no signal, do no harm)."),
             f"With other minimum agreement gains (of {len(kept)}): {sensitivity}.", ""]
     text = "\n".join(head + lines) + "\n"
     (ROOT / args.out).write_text(text)
