@@ -50,13 +50,14 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     lines = ["| run | signals | recommended | held-out there | best held-out | within 1 s.e. | below it0 beyond noise |",
              "|---|---|---|---|---|---|---|"]
-    done = []
+    done, kept = [], []  # each run's check and its per-iteration rows
     for name, result in runs():
         rows = history(result)
         if len(rows) < 2 or rows[0].get("iteration") != "it0" or any(r.get("accuracy_se") is None for r in rows):
             continue
         c = check(rows)
         done.append(c)
+        kept.append(rows)
         lines.append(f"| {name} | {'yes' if c['signals'] else 'no'} | {c['recommended']} | {c['acc'][0]:.3f} | "
                      f"{c['best']} ({c['acc'][1]:.3f}) | {'yes' if c['within'] else 'NO'} | "
                      f"{'YES' if c['below_it0'] else 'no'} |")
@@ -69,9 +70,6 @@ def main(argv: list[str] | None = None) -> None:
                 "it0 beyond noise")
 
     with_signals = [c for c in done if c["signals"]]
-    kept = [history(result) for _, result in runs()]
-    kept = [rows for rows in kept if len(rows) >= 2 and rows[0].get("iteration") == "it0"
-            and all(r.get("accuracy_se") is not None for r in rows)]
     sensitivity = ", ".join(f"{m:.2f}: {sum(c['within'] for c in cs)} within, {sum(c['below_it0'] for c in cs)} below"
                             for m in SENSITIVITY for cs in [[check(rows, m) for rows in kept]])
     head = [f"Minimum agreement gain (95% low end) {MIN_AGREEMENT_GAIN:.2f}.",

@@ -25,7 +25,7 @@ per problem (EVAL rows, sets `ttt` and `ttt_view`):
 Each has its paired gain from it0 (`<name>_gain`, `_lo`, `_hi`: bootstrap 95% over the same
 problems). No gold answer is read by any of them.
 
-The rule (`recommend`): itN is a candidate when its agreement rose from it0's by at least
+The rule (`recommend`): itN is a candidate when its agreement rose from it0's by more than
 `MIN_AGREEMENT_GAIN` (5 points, the smallest effect the recipes' eval sets are sized to see) at the
 95% interval's low end, and no veto holds: the invalid share rose beyond noise, the answers
 restating the question's numbers rose beyond noise, the distinct answers fell under half of it0's,
