@@ -21,6 +21,14 @@ per problem (EVAL rows, sets `ttt` and `ttt_view`):
   many problems raises cross-view agreement with it, while the distinct answers may fall by less
   than half.
 - `lf_frozen_yes`: with judge.frozen, the frozen base model's mean P(Yes) for the answers.
+- `lf_base_support`: the share of problems whose greedy answer is one the base model itself gives
+  when sampled: it0's evaluate draws `evaluate.k` samples at `evaluate.temperature` for each problem
+  in both wordings (EVAL rows of set `ttt_sample`), and every iteration's answers are looked up among
+  them. The base's own votes anchor the answers without being trained along with the policy (the
+  issue's frozen judge, read off cached samples): a policy that learns answers the base never gives
+  to a problem, right or wrong, lowers it. Right answers the base reached sometimes stay inside it,
+  so an improving run keeps most of it; a run that drifted onto answers of its own, wrong the same
+  way in both wordings (and so agreeing), loses most of it.
 
 Each has its paired gain from it0 (`<name>_gain`, `_lo`, `_hi`: bootstrap 95% over the same
 problems). No gold answer is read by any of them.
@@ -29,8 +37,8 @@ The rule (`recommend`): itN is a candidate when its agreement rose from it0's by
 `MIN_AGREEMENT_GAIN` (5 points, the smallest effect the recipes' eval sets are sized to see) at the
 95% interval's low end, and no veto holds: the invalid share rose beyond noise, the answers
 restating the question's numbers rose beyond noise, the distinct answers fell under half of it0's,
-the commonest answer's share more than doubled beyond noise, or the frozen judge's P(Yes) fell
-beyond noise. A rise that is merely above 0 is not enough: sharpening the policy (self-certainty,
+the commonest answer's share more than doubled beyond noise, the base support fell under half of
+it0's beyond noise, or the frozen judge's P(Yes) fell beyond noise. A rise that is merely above 0 is not enough: sharpening the policy (self-certainty,
 say) makes the two wordings agree a few points more without making the answers right. An
 iteration whose agreement fell cannot pass, so neither can one whose self-reward rose while
 its scores fell. The candidate with the highest agreement is recommended (ties: the earliest);
@@ -48,21 +56,37 @@ import pandas as pd
 from self_improve.quality import binomial_se, paired_gain
 
 VIEW_SET = "ttt_view"  # EVAL rows of the test-time problems' rewrites
-SIGNALS = ("lf_agreement", "lf_invalid_share", "lf_restate_share", "lf_mode_share", "lf_frozen_yes")  # per problem, with paired gains
+SAMPLE_SET = "ttt_sample"  # EVAL rows of the base model's sampled answers to them (both wordings; it0 only)
+SIGNALS = ("lf_agreement", "lf_invalid_share", "lf_restate_share", "lf_mode_share", "lf_base_support",
+           "lf_frozen_yes")  # per problem, with paired gains
 MIN_AGREEMENT_GAIN = 0.05  # the low end of a candidate's agreement gain must be above this
 MODE_FACTOR = 2.0  # the commonest answer's share may not grow beyond this factor (and beyond noise)
+SUPPORT_FACTOR = 2.0  # the base support may not fall under it0's divided by this (and beyond noise)
 
 
 def _missing(v: Any) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA
 
 
-def per_problem(answers: pd.DataFrame) -> pd.DataFrame:
+def base_samples(answers: pd.DataFrame) -> dict[str, set]:
+    """Each test-time problem's answers among the base model's samples (EVAL rows of `SAMPLE_SET`,
+    both wordings pooled; a sample without an answer adds none): prompt_id -> set of answers."""
+    rows = answers[answers["set"] == SAMPLE_SET]
+    out: dict[str, set] = {pid: set() for pid in rows["prompt_id"]}
+    for pid, pred in zip(rows["prompt_id"], rows["pred"]):
+        if not _missing(pred):
+            out[pid].add(pred)
+    return out
+
+
+def per_problem(answers: pd.DataFrame, support: dict[str, set] | None = None) -> pd.DataFrame:
     """One row per test-time problem (index prompt_id): `lf_agreement` (1/0; NaN without a rewrite
     answered), `lf_invalid_share` (1: rejected by the validity check or no answer; NaN where the
     check was not run), `lf_restate_share` (1: the answer is one of the question's numbers; NaN
     without an answer), `lf_mode_share` (1: the answer is the commonest answer of this model over all
-    the problems; 0 without an answer), `lf_frozen_yes` (NaN where not judged) and `pred`."""
+    the problems; 0 without an answer), `lf_base_support` (1: the answer is among `support`'s, the
+    base model's sampled answers to the problem (`base_samples`); 0 without an answer; NaN where the
+    base has no samples of it), `lf_frozen_yes` (NaN where not judged) and `pred`."""
     ttt = answers[answers["set"] == "ttt"].drop_duplicates("prompt_id").set_index("prompt_id")
     preds = [None if _missing(p) else p for p in ttt["pred"]]
     view = answers[answers["set"] == VIEW_SET].drop_duplicates("prompt_id").set_index("prompt_id")["pred"]
@@ -78,17 +102,23 @@ def per_problem(answers: pd.DataFrame) -> pd.DataFrame:
     restated = ttt["restates"] if "restates" in ttt else [None] * len(ttt)
     answered = pd.Series([p for p in preds if p is not None], dtype=object)
     mode = answered.value_counts().index[0] if len(answered) else None
+    support = support or {}
+    supported = [np.nan if pid not in support else float(p is not None and p in support[pid])
+                 for pid, p in zip(ttt.index, preds)]
     return pd.DataFrame({"pred": pd.Series(preds, index=ttt.index, dtype=object), "lf_agreement": agree,
                          "lf_invalid_share": invalid,
                          "lf_restate_share": [np.nan if _missing(v) else float(bool(v)) for v in restated],
                          "lf_mode_share": [float(p is not None and p == mode) for p in preds],
+                         "lf_base_support": supported,
                          "lf_frozen_yes": [np.nan if _missing(v) else float(v) for v in frozen]}, index=ttt.index)
 
 
 def signals(answers: pd.DataFrame, base: Optional[pd.DataFrame] = None) -> dict[str, float]:
     """The label-free metrics of one model's EVAL rows (see the module doc), and with `base` (it0's
-    EVAL rows) each one's paired gain from it0 with its 95% interval."""
-    now = per_problem(answers)
+    EVAL rows) each one's paired gain from it0 with its 95% interval. The base support looks the
+    answers up among `base`'s sampled answers, or without `base` (it0 itself) among `answers`' own."""
+    support = base_samples(base if base is not None else answers)
+    now = per_problem(answers, support)
     if now.empty:
         return {}
     out: dict[str, float] = {}
@@ -102,7 +132,7 @@ def signals(answers: pd.DataFrame, base: Optional[pd.DataFrame] = None) -> dict[
     out["lf_distinct"] = len(set(preds)) / len(now)
     out["lf_n"] = len(now)
     if base is not None:
-        before = per_problem(base)
+        before = per_problem(base, support)
         for name in SIGNALS:
             b, a = before[name].dropna(), now[name].dropna()
             both = b.index.intersection(a.index)
@@ -128,6 +158,9 @@ def vetoes(row: dict, base: dict) -> list[str]:
     if mode is not None and mode0 is not None and mode > MODE_FACTOR * mode0 and (row.get("lf_mode_share_gain_lo") or 0) > 0:
         out.append(f"commonest answer's share up {mode0:.3f} -> {mode:.3f} (over {MODE_FACTOR:g}x, 95% low end "
                    f"{row['lf_mode_share_gain_lo']:+.3f})")
+    sup, sup0, sup_hi = row.get("lf_base_support"), base.get("lf_base_support"), row.get("lf_base_support_gain_hi")
+    if sup is not None and sup0 is not None and sup < sup0 / SUPPORT_FACTOR and sup_hi is not None and sup_hi < 0:
+        out.append(f"base support down {sup0:.3f} -> {sup:.3f} (under 1/{SUPPORT_FACTOR:g}, 95% high end {sup_hi:+.3f})")
     hi = row.get("lf_frozen_yes_gain_hi")
     if hi is not None and hi < 0:
         out.append(f"frozen judge's P(Yes) down {base.get('lf_frozen_yes', float('nan')):.3f} -> "

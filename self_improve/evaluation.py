@@ -88,11 +88,14 @@ SETS = (("accuracy", "heldout", "heldout_n"), ("ttt_accuracy", "ttt", "ttt_n")) 
 
 
 def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cfg: EvaluateConfig,
-                  seed: int, task: Task, progress: bool = True, answers: list | None = None) -> dict[str, float]:
+                  seed: int, task: Task, progress: bool = True, answers: list | None = None,
+                  base_samples: bool = False) -> dict[str, float]:
     """Accuracy protocols over the rows that have an answer (a user's prompt file may have none),
     the share of greedy answers cut by `evaluate.max_new_tokens` (`eval_truncated_share`) and the
     share from which no answer could be read (`eval_extract_failure_rate`). `answers`, when given,
-    receives each problem's greedy answer (EVAL rows) for the paired comparison of iterations."""
+    receives each problem's greedy answer (EVAL rows) for the paired comparison of iterations, and
+    with `base_samples` (the base model, it0) also `evaluate.k` sampled answers to each test-time
+    problem in both wordings (set `choice.SAMPLE_SET`: the base support of the label-free choice)."""
     greedy = SamplingSpec(n=1, greedy=True, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size)
     sampled = SamplingSpec(n=cfg.k, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                            batch_size=cfg.batch_size)
@@ -127,6 +130,16 @@ def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cf
                          "valid": valid(prompt, r[0], pred), "restates": restates(prompt, pred)}
                         for pid, prompt, gold, r, pred, t, cat in zip(df["prompt_id"], df["prompt"], df["answer"],
                                                                       res, preds, res.truncated, df["category"])]
+        if answers is not None and base_samples and set_name != "heldout" and cfg.k > 0 and not task.open_ended:
+            drawn = sampler.generate(list(df["prompt"]), sampled, seed, desc=f"{set_name} base samples",
+                                     progress=progress)
+            answers += [{"set": choice.SAMPLE_SET, "prompt_id": pid, "answer": gold, "response": x,
+                         "pred": (pred := task.extract(x).answer),
+                         "correct": float(task.verify(pred, gold, cat if isinstance(cat, str) else None)),
+                         "truncated": t, "valid": None, "restates": None}
+                        for pid, gold, r, ts, cat in zip(df["prompt_id"], df["answer"], drawn, drawn.truncated,
+                                                         df["category"])
+                        for x, t in zip(r, ts)]
         if name is None:
             continue
         out[name] = accuracy(preds, list(df["answer"]), task, list(df["category"]))

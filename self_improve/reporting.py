@@ -102,15 +102,16 @@ def choice_markdown(df: pd.DataFrame) -> list[str]:
              "recommended --out DIR` exports it. Signals on the test-time prompts, never their answers: "
              "cross-view agreement of the model's greedy answers (posed wording and a rewrite), the share "
              "the validity check rejects, the share that restate one of the question's numbers, distinct answers per problem, "
-             "the share given the commonest answer, the frozen judge's P(Yes); each with its paired gain from it0 [95%].", "",
-             "| iteration | agreement | invalid share | restates the question | distinct | commonest answer | frozen P(Yes) | "
-             "candidate | vetoes | held-out acc |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "the share given the commonest answer, the share among the base model's own sampled answers (base support), "
+             "the frozen judge's P(Yes); each with its paired gain from it0 [95%].", "",
+             "| iteration | agreement | invalid share | restates the question | distinct | commonest answer | base support | "
+             "frozen P(Yes) | candidate | vetoes | held-out acc |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         it = r["iteration"]
         row = rec["rows"].get(it, {})
         lines.append(f"| {it} | {gain(r, 'lf_agreement')} | {gain(r, 'lf_invalid_share')} | "
                      f"{gain(r, 'lf_restate_share')} | {_fmt(r.get('lf_distinct'))} | {gain(r, 'lf_mode_share')} | "
-                     f"{gain(r, 'lf_frozen_yes')} | {'yes' if row.get('candidate') else ''} | "
+                     f"{gain(r, 'lf_base_support')} | {gain(r, 'lf_frozen_yes')} | {'yes' if row.get('candidate') else ''} | "
                      f"{'; '.join(row.get('vetoes', []))} | {_fmt(r.get('accuracy'))} |")
     if best is not None:
         lines += ["", f"Best held-out iteration (the truth, not read by the rule): {best['iteration']} "

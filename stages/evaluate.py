@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         task = task_for(params.task)
         answers: list[dict] = []
         metrics.update(model_metrics(sampler, heldout, ttt, params.evaluate, derive_seed(params.seed, "evaluate"),
-                                     task, answers=answers))
+                                     task, answers=answers, base_samples=not args.base_eval))
         answers_df = pd.DataFrame(answers, columns=[f.name for f in art.EVAL if f.name != "iteration"])
         answers_df.insert(0, "iteration", args.iteration)
         if params.judge.frozen != FrozenJudge.none and not ttt.empty:

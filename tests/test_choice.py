@@ -4,7 +4,7 @@ rule on known histories, the rewrites evaluate asks the second wording with."""
 import pandas as pd
 import pytest
 
-from self_improve.choice import VIEW_SET, per_problem, recommend, signals
+from self_improve.choice import SAMPLE_SET, VIEW_SET, base_samples, per_problem, recommend, signals
 from self_improve.config import TaskConfig
 from self_improve.evaluation import rewritten
 from self_improve.tasks import task_for
@@ -55,16 +55,40 @@ def test_mode_share_counts_the_commonest_answer_and_its_paired_rise():
     assert s["lf_agreement"] == pytest.approx(4 / 6)
 
 
+def _with_samples(df, drawn):
+    """`df` plus the base model's sampled answers: `drawn[i]`, the answers drawn for problem i."""
+    rows = [{"set": SAMPLE_SET, "prompt_id": f"p{i}", "pred": p, "valid": None, "frozen_yes": None}
+            for i, preds in enumerate(drawn) for p in preds]
+    return pd.concat([df, pd.DataFrame(rows)], ignore_index=True)
+
+
+def test_base_support_looks_answers_up_among_the_base_models_samples():
+    base = _with_samples(_eval(["1", "2", "3", None], ["1", "2", "9", None]),
+                         [["1", "1", "4"], ["5", None], ["3", "3"], [None, None]])
+    assert base_samples(base) == {"p0": {"1", "4"}, "p1": {"5"}, "p2": {"3"}, "p3": set()}
+    assert list(per_problem(base, base_samples(base))["lf_base_support"]) == [1.0, 0.0, 1.0, 0.0]
+    s0 = signals(base)  # it0: its own samples
+    assert s0["lf_base_support"] == 0.5 and "lf_base_support_gain" not in s0
+    new = _eval(["4", "5", "8", "8"], ["4", "5", "8", "8"])  # itN has no samples: it0's are read
+    assert list(per_problem(new, base_samples(base))["lf_base_support"]) == [1.0, 1.0, 0.0, 0.0]
+    s = signals(new, base)
+    assert s["lf_base_support"] == 0.5 and s["lf_base_support_gain"] == 0.0
+    assert per_problem(new)["lf_base_support"].isna().all()  # no samples anywhere: no signal
+    assert "lf_base_support" not in signals(new)
+
+
 def test_a_task_without_rewrites_has_no_agreement():
     df = _eval(["1", "2"], [], valid=[True, True])
     assert per_problem(df)["lf_agreement"].isna().all()
     assert "lf_agreement" not in signals(df)
 
 
-def _row(it, agree, lo, invalid_lo=-0.1, distinct=0.5, frozen_hi=None, restate_lo=-0.1, mode=0.03, mode_lo=-0.01):
+def _row(it, agree, lo, invalid_lo=-0.1, distinct=0.5, frozen_hi=None, restate_lo=-0.1, mode=0.03, mode_lo=-0.01,
+         support=None, support_hi=None):
     return {"iteration": it, "lf_agreement": agree, "lf_agreement_gain_lo": lo, "lf_invalid_share_gain_lo": invalid_lo,
             "lf_distinct": distinct, "lf_frozen_yes_gain_hi": frozen_hi, "lf_restate_share_gain_lo": restate_lo,
-            "lf_mode_share": mode, "lf_mode_share_gain_lo": mode_lo}
+            "lf_mode_share": mode, "lf_mode_share_gain_lo": mode_lo, "lf_base_support": support,
+            "lf_base_support_gain_hi": support_hi}
 
 
 def test_recommend_takes_the_highest_agreement_that_rose_by_the_minimum_beyond_noise():
@@ -93,6 +117,17 @@ def test_recommend_vetoes_invalid_share_up_distinct_halved_mode_doubled_frozen_d
     # doubled but within noise, or beyond noise but under twice: no veto
     assert recommend([h[0], _row("it1", 0.9, 0.3, mode=0.07, mode_lo=-0.01)])["iteration"] == "it1"
     assert recommend([h[0], _row("it1", 0.9, 0.3, mode=0.05, mode_lo=0.01)])["iteration"] == "it1"
+
+
+def test_recommend_vetoes_base_support_halved_beyond_noise():
+    base = {"iteration": "it0", "lf_agreement": 0.4, "lf_distinct": 0.5, "lf_mode_share": 0.03, "lf_base_support": 0.8}
+    rec = recommend([base, _row("it1", 0.9, 0.3, support=0.3, support_hi=-0.4)])
+    assert rec["iteration"] == "it0" and rec["rows"]["it1"]["vetoes"] == [
+        "base support down 0.800 -> 0.300 (under 1/2, 95% high end -0.400)"]
+    # fell beyond noise but kept over half (an improving run's answers leave some of it), or under half
+    # within noise, or not recorded (results from before it was): no veto
+    for support, hi in ((0.55, -0.2), (0.35, 0.01), (None, None)):
+        assert recommend([base, _row("it1", 0.9, 0.3, support=support, support_hi=hi)])["iteration"] == "it1"
 
 
 def test_recommend_without_signals_keeps_the_base_model():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 import yaml
@@ -18,6 +20,7 @@ MODULES = stage_modules()
 @pytest.mark.loop
 def test_whole_loop_in_process(tmp_path, tiny_params_file, monkeypatch, capsys):
     run_all(tmp_path, tiny_params_file, monkeypatch)
+    m0_k = yaml.safe_load(Path(tiny_params_file).read_text())["evaluate"]["k"]
     for it in ("it0", "it1", "it2", "it3"):
         m = art.read_json(tmp_path / "reports" / "iterations" / it / "metrics.json")
         # each accuracy is a count of right answers over the set's problems, with its binomial s.e.
@@ -34,7 +37,14 @@ def test_whole_loop_in_process(tmp_path, tiny_params_file, monkeypatch, capsys):
                 assert m[f"{key}_gain_lo"] <= m[f"{key}_gain"] <= m[f"{key}_gain_hi"]
         answers = art.read_table(tmp_path / "data" / it / "eval.parquet", art.EVAL)
         views = answers[answers["set"] == "ttt_view"]
-        answers = answers[answers["set"] != "ttt_view"]
+        drawn = answers[answers["set"] == "ttt_sample"]  # the base model's sampled answers: it0 only
+        answers = answers[~answers["set"].isin(["ttt_view", "ttt_sample"])]
+        assert len(drawn) == (0 if it != "it0" else m0_k * (30 + len(views)))
+        if it == "it0":
+            support = drawn.dropna(subset=["pred"]).groupby("prompt_id")["pred"].agg(set)
+        posed_ttt = answers[answers["set"] == "ttt"]
+        inside = [float(pd.notna(p) and p in support.get(i, set())) for i, p in zip(posed_ttt["prompt_id"], posed_ttt["pred"])]
+        assert m["lf_base_support"] == pytest.approx(sum(inside) / len(inside))
         assert len(answers) == 60 and answers["correct"].mean() == pytest.approx((m["accuracy"] + m["ttt_accuracy"]) / 2)
         # the label-free signals: each test-time problem in a second wording, the validity check
         assert len(views) >= 24 and set(views["prompt_id"]) <= set(answers.loc[answers["set"] == "ttt", "prompt_id"])
