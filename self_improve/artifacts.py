@@ -105,7 +105,7 @@ EVAL = pa.schema(  # evaluate: each problem's greedy answer, so two iterations c
     [
         ("iteration", pa.string()),
         ("set", pa.string()),  # heldout | ttt | ttt_view (a rewrite of each test-time problem) | ttt_sample (it0 only:
-        # its sampled answers to both wordings, evaluate.k per problem and wording, the label-free base support)
+        # its sampled answers to both wordings, evaluate.support_k per problem and wording, the label-free base support)
         ("prompt_id", pa.string()),
         ("answer", pa.string()),
         ("response", pa.string()),

@@ -22,7 +22,7 @@ per problem (EVAL rows, sets `ttt` and `ttt_view`):
   than half.
 - `lf_frozen_yes`: with judge.frozen, the frozen base model's mean P(Yes) for the answers.
 - `lf_base_support`: the share of problems whose greedy answer is one the base model itself gives
-  when sampled: it0's evaluate draws `evaluate.k` samples at `evaluate.temperature` for each problem
+  when sampled: it0's evaluate draws `evaluate.support_k` samples at `evaluate.temperature` for each problem
   in both wordings (EVAL rows of set `ttt_sample`), and every iteration's answers are looked up among
   them. The base's own votes anchor the answers without being trained along with the policy (the
   issue's frozen judge, read off cached samples): a policy that learns answers the base never gives

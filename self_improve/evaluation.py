@@ -94,10 +94,12 @@ def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cf
     the share of greedy answers cut by `evaluate.max_new_tokens` (`eval_truncated_share`) and the
     share from which no answer could be read (`eval_extract_failure_rate`). `answers`, when given,
     receives each problem's greedy answer (EVAL rows) for the paired comparison of iterations, and
-    with `base_samples` (the base model, it0) also `evaluate.k` sampled answers to each test-time
+    with `base_samples` (the base model, it0) also `evaluate.support_k` sampled answers to each test-time
     problem in both wordings (set `choice.SAMPLE_SET`: the base support of the label-free choice)."""
     greedy = SamplingSpec(n=1, greedy=True, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size)
     sampled = SamplingSpec(n=cfg.k, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
+                           batch_size=cfg.batch_size)
+    support = SamplingSpec(n=cfg.support_k, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                            batch_size=cfg.batch_size)
     heldout, ttt = heldout[heldout["answer"].notna()], ttt[ttt["answer"].notna()]
     out: dict[str, float] = {}
@@ -130,8 +132,8 @@ def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cf
                          "valid": valid(prompt, r[0], pred), "restates": restates(prompt, pred)}
                         for pid, prompt, gold, r, pred, t, cat in zip(df["prompt_id"], df["prompt"], df["answer"],
                                                                       res, preds, res.truncated, df["category"])]
-        if answers is not None and base_samples and set_name != "heldout" and cfg.k > 0 and not task.open_ended:
-            drawn = sampler.generate(list(df["prompt"]), sampled, seed, desc=f"{set_name} base samples",
+        if answers is not None and base_samples and set_name != "heldout" and cfg.support_k > 0 and not task.open_ended:
+            drawn = sampler.generate(list(df["prompt"]), support, seed, desc=f"{set_name} base samples",
                                      progress=progress)
             answers += [{"set": choice.SAMPLE_SET, "prompt_id": pid, "answer": gold, "response": x,
                          "pred": (pred := task.extract(x).answer),

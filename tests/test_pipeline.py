@@ -20,7 +20,7 @@ MODULES = stage_modules()
 @pytest.mark.loop
 def test_whole_loop_in_process(tmp_path, tiny_params_file, monkeypatch, capsys):
     run_all(tmp_path, tiny_params_file, monkeypatch)
-    m0_k = yaml.safe_load(Path(tiny_params_file).read_text())["evaluate"]["k"]
+    m0_k = yaml.safe_load(Path(tiny_params_file).read_text())["evaluate"].get("support_k", 8)
     for it in ("it0", "it1", "it2", "it3"):
         m = art.read_json(tmp_path / "reports" / "iterations" / it / "metrics.json")
         # each accuracy is a count of right answers over the set's problems, with its binomial s.e.

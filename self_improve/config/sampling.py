@@ -138,6 +138,8 @@ class SampleConfig(_Section):
 
 class EvaluateConfig(_Section):
     k: int = Field(8, ge=0, description="samples per problem for maj@k (0: no maj@k, one sampled pass fewer)")
-    temperature: float = Field(0.7, gt=0)
+    support_k: int = Field(8, ge=0, description="it0 only: samples per test-time problem and wording, the base "
+                                               "support of the label-free choice (0: not drawn, no signal)")
+    temperature: float = Field(0.7, gt=0, description="of the maj@k and base support samples")
     max_new_tokens: int = Field(6, ge=1, description="length of the evaluated answers (greedy and maj@k)")
     batch_size: int = Field(1024, ge=1)
