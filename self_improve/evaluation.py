@@ -99,8 +99,6 @@ def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cf
     greedy = SamplingSpec(n=1, greedy=True, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size)
     sampled = SamplingSpec(n=cfg.k, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                            batch_size=cfg.batch_size)
-    support = SamplingSpec(n=cfg.support_k, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
-                           batch_size=cfg.batch_size)
     heldout, ttt = heldout[heldout["answer"].notna()], ttt[ttt["answer"].notna()]
     out: dict[str, float] = {}
     cut: list[bool] = []
@@ -132,16 +130,8 @@ def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cf
                          "valid": valid(prompt, r[0], pred), "restates": restates(prompt, pred)}
                         for pid, prompt, gold, r, pred, t, cat in zip(df["prompt_id"], df["prompt"], df["answer"],
                                                                       res, preds, res.truncated, df["category"])]
-        if answers is not None and base_samples and set_name != "heldout" and cfg.support_k > 0 and not task.open_ended:
-            drawn = sampler.generate(list(df["prompt"]), support, seed, desc=f"{set_name} base samples",
-                                     progress=progress)
-            answers += [{"set": choice.SAMPLE_SET, "prompt_id": pid, "answer": gold, "response": x,
-                         "pred": (pred := task.extract(x).answer),
-                         "correct": float(task.verify(pred, gold, cat if isinstance(cat, str) else None)),
-                         "truncated": t, "valid": None, "restates": None}
-                        for pid, gold, r, ts, cat in zip(df["prompt_id"], df["answer"], drawn, drawn.truncated,
-                                                         df["category"])
-                        for x, t in zip(r, ts)]
+        if answers is not None and base_samples and set_name != "heldout":
+            answers += support_samples(sampler, df, cfg, seed, task, progress, desc=f"{set_name} base samples")
         if name is None:
             continue
         out[name] = accuracy(preds, list(df["answer"]), task, list(df["category"]))
@@ -165,6 +155,24 @@ def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cf
     out["maj_accuracy"] = accuracy(votes, list(heldout["answer"]), task, list(heldout["category"]))
     out["maj_accuracy_se"] = binomial_se(out["maj_accuracy"], len(heldout))
     return out
+
+
+def support_samples(sampler: Sampler, df: pd.DataFrame, cfg: EvaluateConfig, seed: int, task: Task,
+                    progress: bool = True, desc: str = "base samples") -> list[dict]:
+    """The base model's `evaluate.support_k` sampled answers (at `evaluate.temperature`) to each of
+    `df`'s problems, as EVAL rows of set `choice.SAMPLE_SET`: the label-free choice's base support.
+    None for an open task or `support_k` 0."""
+    if df.empty or cfg.support_k == 0 or task.open_ended:
+        return []
+    spec = SamplingSpec(n=cfg.support_k, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
+                        batch_size=cfg.batch_size)
+    drawn = sampler.generate(list(df["prompt"]), spec, seed, desc=desc, progress=progress)
+    return [{"set": choice.SAMPLE_SET, "prompt_id": pid, "answer": gold, "response": x,
+             "pred": (pred := task.extract(x).answer),
+             "correct": float(task.verify(pred, gold, cat if isinstance(cat, str) else None)),
+             "truncated": t, "valid": None, "restates": None}
+            for pid, gold, r, ts, cat in zip(df["prompt_id"], df["answer"], drawn, drawn.truncated, df["category"])
+            for x, t in zip(r, ts)]
 
 
 def rewritten(task: Task, ttt: pd.DataFrame, seed: int) -> pd.DataFrame:

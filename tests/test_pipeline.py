@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -64,6 +65,14 @@ def test_whole_loop_in_process(tmp_path, tiny_params_file, monkeypatch, capsys):
         # it0 holds the tiny model's weights; with LoRA each iteration holds adapters, not a copy
         model_file = "model.safetensors" if it == "it0" else "chain.json"
         assert (tmp_path / "data" / it / "model" / model_file).is_file()
+    # the base support drawn again for a loop kept before it was recorded: the same samples, the same signal
+    from scripts import base_support
+
+    base_support.main([str(tmp_path), "--out", str(tmp_path / "support.md")])
+    replayed = json.loads((tmp_path / "support.json").read_text())[0]
+    for row in replayed["history"]:
+        m = art.read_json(tmp_path / "reports" / "iterations" / row["iteration"] / "metrics.json")
+        assert row["lf_base_support"] == pytest.approx(m["lf_base_support"]), row["iteration"]
     prompts = art.read_table(tmp_path / "data/it2/prompts.parquet", art.PROMPTS)
     heldout = art.read_table(tmp_path / "data/task/heldout.parquet", art.PROMPTS)
     assert set(prompts["source"]) == {"ttt", "fresh", "evolved"}
