@@ -9,7 +9,8 @@ in both wordings are drawn as the evaluate stage of it0 now draws them (`evaluat
 eval.parquet's provenance records them; `--backend ct2` to draw them with CTranslate2 where the
 run used another engine), and every iteration's label-free signals are
 computed again against them (`choice.signals`). The table sets the rule's recommendation without
-and with the base support beside held-out accuracy, which the rule never reads. Runs of one seed
+the base support (plain agreement, as when the run was kept) and with it (supported agreement and
+the support veto) beside held-out accuracy, which the rule never reads. Runs of one seed
 share it0 and its test-time problems, so their samples are drawn once. Writes the table (`--out`)
 and the same numbers as JSON beside it.
 """
@@ -90,7 +91,8 @@ def check(work: Path, drawn: pd.DataFrame) -> dict:
         held = now[now["set"] == "heldout"]
         row["accuracy"] = float(held["correct"].mean())
         history.append(row)
-    without = [{k: v for k, v in r.items() if not k.startswith("lf_base_support")} for r in history]
+    without = [{k: v for k, v in r.items() if not k.startswith(("lf_base_support", "lf_supported_agreement"))}
+               for r in history]
     return {"run": work.name, "history": history, "recommended_without": recommend(without)["iteration"],
             "recommended": recommend(history)["iteration"],
             "vetoes": {r["iteration"]: vetoes(r, history[0]) for r in history[1:]}}
@@ -102,16 +104,19 @@ def markdown(results: list[dict]) -> str:
               "test-time problems whose greedy answer is among the base model's own sampled answers to it "
               f"(both wordings); the veto: under 1/{SUPPORT_FACTOR:g} of it0's, beyond noise. Held-out accuracy "
               "is the truth the rule never reads."), "",
-             "| run | iteration | held-out acc | agreement (gain 95% low end) | base support (paired gain [95%]) | veto |",
-             "|---|---|---|---|---|---|"]
+             ("| run | iteration | held-out acc | agreement (gain 95% low end) | supported agreement (gain 95% low end) | "
+              "base support (paired gain [95%]) | veto |"),
+             "|---|---|---|---|---|---|---|"]
     for res in results:
         for r in res["history"]:
             gain = (f" ({r['lf_base_support_gain']:+.3f} [{r['lf_base_support_gain_lo']:+.3f}, "
                     f"{r['lf_base_support_gain_hi']:+.3f}])" if "lf_base_support_gain" in r else "")
             lo = f" ({r['lf_agreement_gain_lo']:+.3f})" if "lf_agreement_gain_lo" in r else ""
+            slo = f" ({r['lf_supported_agreement_gain_lo']:+.3f})" if "lf_supported_agreement_gain_lo" in r else ""
             veto = "; ".join(v for v in res["vetoes"].get(r["iteration"], []) if v.startswith("base support"))
             lines.append(f"| {res['run']} | {r['iteration']} | {r['accuracy']:.3f} | {r.get('lf_agreement', float('nan')):.3f}"
-                         f"{lo} | {r.get('lf_base_support', float('nan')):.3f}{gain} | {veto} |")
+                         f"{lo} | {r.get('lf_supported_agreement', float('nan')):.3f}{slo} | "
+                         f"{r.get('lf_base_support', float('nan')):.3f}{gain} | {veto} |")
     lines += ["", "| run | recommended without the base support | with it |", "|---|---|---|"]
     lines += [f"| {r['run']} | {r['recommended_without']} | {r['recommended']} |" for r in results]
     return "\n".join(lines) + "\n"

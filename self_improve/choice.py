@@ -29,20 +29,27 @@ per problem (EVAL rows, sets `ttt` and `ttt_view`):
   to a problem, right or wrong, lowers it. Right answers the base reached sometimes stay inside it,
   so an improving run keeps most of it; a run that drifted onto answers of its own, wrong the same
   way in both wordings (and so agreeing), loses most of it.
+- `lf_supported_agreement`: the share of problems whose two wordings get one and the same answer
+  and that answer is among the base model's sampled ones: cross-view agreement anchored on the
+  frozen base. A policy that comes to agree with itself on answers the base never gives (wrong the
+  same way in both wordings) raises `lf_agreement` but not this; one that comes to agree on answers
+  the base gives too raises both.
 
 Each has its paired gain from it0 (`<name>_gain`, `_lo`, `_hi`: bootstrap 95% over the same
 problems). No gold answer is read by any of them.
 
 The rule (`recommend`): itN is a candidate when its agreement rose from it0's by more than
 `MIN_AGREEMENT_GAIN` (5 points, the smallest effect the recipes' eval sets are sized to see) at the
-95% interval's low end, and no veto holds: the invalid share rose beyond noise, the answers
-restating the question's numbers rose beyond noise, the distinct answers fell under half of it0's,
-the commonest answer's share more than doubled beyond noise, the base support fell under half of
-it0's beyond noise, or the frozen judge's P(Yes) fell beyond noise. A rise that is merely above 0 is not enough: sharpening the policy (self-certainty,
+95% interval's low end, and no veto holds. The agreement read is the supported agreement where the
+base support was recorded, the plain one on results kept before it was. The vetoes: the invalid
+share rose beyond noise, the answers restating the question's numbers rose beyond noise, the
+distinct answers fell under half of it0's, the commonest answer's share more than doubled beyond
+noise, the base support fell under half of it0's beyond noise, or the frozen judge's P(Yes) fell
+beyond noise. A rise that is merely above 0 is not enough: sharpening the policy (self-certainty,
 say) makes the two wordings agree a few points more without making the answers right. An
-iteration whose agreement fell cannot pass, so neither can one whose self-reward rose while
-its scores fell. The candidate with the highest agreement is recommended (ties: the earliest);
-with none, it0 (do no harm).
+iteration whose agreement fell cannot pass, so neither can one whose self-reward rose while its
+scores fell. The candidate with the highest agreement is recommended (ties: the earliest); with
+none, it0 (do no harm).
 """
 
 from __future__ import annotations
@@ -57,8 +64,8 @@ from self_improve.quality import binomial_se, paired_gain
 
 VIEW_SET = "ttt_view"  # EVAL rows of the test-time problems' rewrites
 SAMPLE_SET = "ttt_sample"  # EVAL rows of the base model's sampled answers to them (both wordings; it0 only)
-SIGNALS = ("lf_agreement", "lf_invalid_share", "lf_restate_share", "lf_mode_share", "lf_base_support",
-           "lf_frozen_yes")  # per problem, with paired gains
+SIGNALS = ("lf_agreement", "lf_supported_agreement", "lf_invalid_share", "lf_restate_share", "lf_mode_share",
+           "lf_base_support", "lf_frozen_yes")  # per problem, with paired gains
 MIN_AGREEMENT_GAIN = 0.05  # the low end of a candidate's agreement gain must be above this
 MODE_FACTOR = 2.0  # the commonest answer's share may not grow beyond this factor (and beyond noise)
 SUPPORT_FACTOR = 2.0  # the base support may not fall under it0's divided by this (and beyond noise)
@@ -86,7 +93,8 @@ def per_problem(answers: pd.DataFrame, support: dict[str, set] | None = None) ->
     without an answer), `lf_mode_share` (1: the answer is the commonest answer of this model over all
     the problems; 0 without an answer), `lf_base_support` (1: the answer is among `support`'s, the
     base model's sampled answers to the problem (`base_samples`); 0 without an answer; NaN where the
-    base has no samples of it), `lf_frozen_yes` (NaN where not judged) and `pred`."""
+    base has no samples of it), `lf_supported_agreement` (1: the wordings agree on an answer among
+    `support`'s; NaN where either is NaN), `lf_frozen_yes` (NaN where not judged) and `pred`."""
     ttt = answers[answers["set"] == "ttt"].drop_duplicates("prompt_id").set_index("prompt_id")
     preds = [None if _missing(p) else p for p in ttt["pred"]]
     view = answers[answers["set"] == VIEW_SET].drop_duplicates("prompt_id").set_index("prompt_id")["pred"]
@@ -109,6 +117,7 @@ def per_problem(answers: pd.DataFrame, support: dict[str, set] | None = None) ->
                          "lf_invalid_share": invalid,
                          "lf_restate_share": [np.nan if _missing(v) else float(bool(v)) for v in restated],
                          "lf_mode_share": [float(p is not None and p == mode) for p in preds],
+                         "lf_supported_agreement": [a * b for a, b in zip(agree, supported)],
                          "lf_base_support": supported,
                          "lf_frozen_yes": [np.nan if _missing(v) else float(v) for v in frozen]}, index=ttt.index)
 
@@ -170,29 +179,29 @@ def vetoes(row: dict, base: dict) -> list[str]:
 
 def recommend(history: list[dict], min_gain: float = MIN_AGREEMENT_GAIN) -> dict:
     """The iteration to keep, chosen from label-free signals only (module doc), from the metrics of
-    it0 and each iteration in order: a candidate's agreement gain has its 95% low end above
-    `min_gain`. Returns `iteration`, `reason` and per iteration `rows`: `candidate`, `vetoes`.
+    it0 and each iteration in order: a candidate's (supported) agreement gain has its 95% low end
+    above `min_gain`. Returns `iteration`, `reason` and per iteration `rows`: `candidate`, `vetoes`.
     Without the signals (results from before they were recorded): it0."""
     if not history:
         raise ValueError("recommend: no iterations")
     base = history[0]
+    key = "lf_supported_agreement" if base.get("lf_supported_agreement") is not None else "lf_agreement"
+    what = "supported agreement" if key == "lf_supported_agreement" else "cross-view agreement"
     rows, best = {}, None
     for row in history[1:]:
         it = row.get("iteration")
-        lo = row.get("lf_agreement_gain_lo")
+        lo = row.get(f"{key}_gain_lo")
         v = vetoes(row, base)
         candidate = lo is not None and lo > min_gain and not v
-        rows[it] = {"candidate": candidate, "vetoes": v, "agreement": row.get("lf_agreement"),
-                    "agreement_gain_lo": lo}
-        if candidate and (best is None or row["lf_agreement"] > best["lf_agreement"]):
+        rows[it] = {"candidate": candidate, "vetoes": v, "agreement": row.get(key), "agreement_gain_lo": lo}
+        if candidate and (best is None or row[key] > best[key]):
             best = row
     if base.get("lf_agreement") is None:
         return {"iteration": base.get("iteration", "it0"), "rows": rows,
                 "reason": "no label-free signals recorded (lf_agreement): the base model, do no harm"}
     if best is None:
         return {"iteration": base.get("iteration", "it0"), "rows": rows,
-                "reason": f"no iteration's cross-view agreement rose by over {min_gain:.2f} beyond noise without a "
-                          "veto: the base model"}
+                "reason": f"no iteration's {what} rose by over {min_gain:.2f} beyond noise without a veto: the base model"}
     return {"iteration": best["iteration"], "rows": rows,
-            "reason": f"highest cross-view agreement {best['lf_agreement']:.3f} (it0 {base['lf_agreement']:.3f}, "
-                      f"gain 95% low end {best['lf_agreement_gain_lo']:+.3f}), no veto"}
+            "reason": f"highest {what} {best[key]:.3f} (it0 {base[key]:.3f}, gain 95% low end "
+                      f"{best[f'{key}_gain_lo']:+.3f}), no veto"}

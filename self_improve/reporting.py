@@ -100,16 +100,19 @@ def choice_markdown(df: pd.DataFrame) -> list[str]:
     lines = ["## Choosing the iteration without labels", "",
              f"**Recommended: {rec['iteration']}** ({rec['reason']}). `python -m self_improve.models.export --iteration "
              "recommended --out DIR` exports it. Signals on the test-time prompts, never their answers: "
-             "cross-view agreement of the model's greedy answers (posed wording and a rewrite), the share "
+             "cross-view agreement of the model's greedy answers (posed wording and a rewrite), and agreement on "
+             "answers the base model also gives when sampled (supported: what the rule reads where recorded), the share "
              "the validity check rejects, the share that restate one of the question's numbers, distinct answers per problem, "
              "the share given the commonest answer, the share among the base model's own sampled answers (base support), "
              "the frozen judge's P(Yes); each with its paired gain from it0 [95%].", "",
-             "| iteration | agreement | invalid share | restates the question | distinct | commonest answer | base support | "
-             "frozen P(Yes) | candidate | vetoes | held-out acc |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| iteration | agreement | supported agreement | invalid share | restates the question | distinct | "
+             "commonest answer | base support | frozen P(Yes) | candidate | vetoes | held-out acc |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         it = r["iteration"]
         row = rec["rows"].get(it, {})
-        lines.append(f"| {it} | {gain(r, 'lf_agreement')} | {gain(r, 'lf_invalid_share')} | "
+        lines.append(f"| {it} | {gain(r, 'lf_agreement')} | {gain(r, 'lf_supported_agreement')} | "
+                     f"{gain(r, 'lf_invalid_share')} | "
                      f"{gain(r, 'lf_restate_share')} | {_fmt(r.get('lf_distinct'))} | {gain(r, 'lf_mode_share')} | "
                      f"{gain(r, 'lf_base_support')} | {gain(r, 'lf_frozen_yes')} | {'yes' if row.get('candidate') else ''} | "
                      f"{'; '.join(row.get('vetoes', []))} | {_fmt(r.get('accuracy'))} |")

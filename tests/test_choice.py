@@ -74,7 +74,11 @@ def test_base_support_looks_answers_up_among_the_base_models_samples():
     s = signals(new, base)
     assert s["lf_base_support"] == 0.5 and s["lf_base_support_gain"] == 0.0
     assert per_problem(new)["lf_base_support"].isna().all()  # no samples anywhere: no signal
-    assert "lf_base_support" not in signals(new)
+    assert "lf_base_support" not in signals(new) and "lf_supported_agreement" not in signals(new)
+    # agreement on an answer the base gives: p0 (4, sampled) and p1 (5) count; p2 agrees on 8, never sampled
+    assert list(per_problem(new, base_samples(base))["lf_supported_agreement"]) == [1.0, 1.0, 0.0, 0.0]
+    assert list(per_problem(base, base_samples(base))["lf_supported_agreement"]) == [1.0, 0.0, 0.0, 0.0]
+    assert s["lf_supported_agreement"] == 0.5 and s["lf_supported_agreement_gain"] == 0.25
 
 
 def test_a_task_without_rewrites_has_no_agreement():
@@ -128,6 +132,20 @@ def test_recommend_vetoes_base_support_halved_beyond_noise():
     # within noise, or not recorded (results from before it was): no veto
     for support, hi in ((0.55, -0.2), (0.35, 0.01), (None, None)):
         assert recommend([base, _row("it1", 0.9, 0.3, support=support, support_hi=hi)])["iteration"] == "it1"
+
+
+def test_recommend_reads_the_supported_agreement_where_it_was_recorded():
+    base = {"iteration": "it0", "lf_agreement": 0.5, "lf_supported_agreement": 0.45, "lf_distinct": 0.5,
+            "lf_mode_share": 0.03}
+    drifted = _row("it1", 0.65, 0.08) | {"lf_supported_agreement": 0.35, "lf_supported_agreement_gain_lo": -0.14}
+    anchored = _row("it2", 0.6, 0.06) | {"lf_supported_agreement": 0.55, "lf_supported_agreement_gain_lo": 0.06}
+    rec = recommend([base, drifted, anchored])
+    assert rec["iteration"] == "it2" and "supported agreement 0.550" in rec["reason"]
+    assert not rec["rows"]["it1"]["candidate"]  # agreed more with itself, on answers the base never gives
+    assert recommend([base, drifted])["iteration"] == "it0"
+    # kept before the support was recorded: the plain agreement
+    plain = {k: v for k, v in base.items() if k != "lf_supported_agreement"}
+    assert recommend([plain, drifted])["iteration"] == "it1"
 
 
 def test_recommend_without_signals_keeps_the_base_model():

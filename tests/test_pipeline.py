@@ -72,7 +72,8 @@ def test_whole_loop_in_process(tmp_path, tiny_params_file, monkeypatch, capsys):
     replayed = json.loads((tmp_path / "support.json").read_text())[0]
     for row in replayed["history"]:
         m = art.read_json(tmp_path / "reports" / "iterations" / row["iteration"] / "metrics.json")
-        assert row["lf_base_support"] == pytest.approx(m["lf_base_support"]), row["iteration"]
+        for key in ("lf_base_support", "lf_supported_agreement"):
+            assert row[key] == pytest.approx(m[key]), (row["iteration"], key)
     prompts = art.read_table(tmp_path / "data/it2/prompts.parquet", art.PROMPTS)
     heldout = art.read_table(tmp_path / "data/task/heldout.parquet", art.PROMPTS)
     assert set(prompts["source"]) == {"ttt", "fresh", "evolved"}
