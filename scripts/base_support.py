@@ -57,7 +57,6 @@ def run_params(work: Path, backend: str | None):
         tree[path[-1]] = value
     if backend:
         raw["sample"]["backend"] = backend
-    raw["model"]["base"] = str(work / "data/it0/model")
     return parse_params(raw, f"{work}/data/it0/eval.parquet (provenance)")
 
 
@@ -67,8 +66,9 @@ def draw(work: Path, params, cache: dict) -> pd.DataFrame:
     ttt = art.read_table(work / "data/task/ttt.parquet", art.PROMPTS)
     ttt = ttt[ttt["answer"].notna()]
     seed = derive_seed(params.seed, "evaluate")
-    key = hashlib.sha256(json.dumps([params.seed, params.evaluate.model_dump(), list(ttt["prompt"])],
-                                    default=str).encode()).hexdigest()
+    ev = params.evaluate
+    key = hashlib.sha256(json.dumps([params.seed, ev.support_k, ev.temperature, ev.max_new_tokens, str(params.model.base),
+                                     list(ttt["prompt"])]).encode()).hexdigest()
     if key not in cache:
         sampler = open_sampler(work / "data/it0/model", params.sample, params.security, None, params.model)
         rows = support_samples(sampler, ttt, params.evaluate, seed, task, desc="ttt base samples")
