@@ -31,6 +31,7 @@ from self_improve.choice import SUPPORT_FACTOR, recommend, signals, vetoes
 from self_improve.cli import derive_seed
 from self_improve.config import parse_params
 from self_improve.engines.sampler import open_sampler
+from self_improve.errors import PipelineError
 from self_improve.evaluation import rewritten, support_samples
 from self_improve.models.loading import set_threads
 from self_improve.tasks import task_for
@@ -134,11 +135,21 @@ def main(argv: list[str] | None = None) -> None:
         if not (work / "data/it0/eval.parquet").is_file() or not (work / "data/task/ttt.parquet").is_file():
             raise SystemExit(f"{work}: not a loop's directory (no data/it0/eval.parquet or data/task/ttt.parquet)")
     cache: dict = {}
-    results = [check(w, draw(w, run_params(w, args.backend), cache)) for w in args.workdirs]
+    results, failed = [], []
+    for work in args.workdirs:
+        try:
+            results.append(check(work, draw(work, run_params(work, args.backend), cache)))
+        except PipelineError as err:  # its base cannot be loaded here, say: the others still count
+            failed.append(f"{work.name}: {err}")
+    text = markdown(results)
+    if failed:
+        text += "\nNot replayed:\n\n" + "".join(f"- {f}\n" for f in failed)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(markdown(results))
+    args.out.write_text(text)
     args.out.with_suffix(".json").write_text(json.dumps(results, indent=1, default=float) + "\n")
-    print(args.out.read_text())
+    print(text)
+    if failed:
+        raise SystemExit(f"{len(failed)} of {len(args.workdirs)} not replayed (listed in {args.out})")
 
 
 if __name__ == "__main__":
