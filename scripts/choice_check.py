@@ -8,6 +8,7 @@ the truth the rule never reads: the best held-out iteration, whether the recomme
 one standard error of it (the best's binomial s.e.), and whether it is below it0 beyond noise (its
 paired 95% interval of the gain from it0 below 0, else 2 s.e. of the difference). Results kept
 before evaluate recorded the signals have none: the rule keeps it0 on them, and the counts say so.
+Results kept before it recorded the base support are judged on the plain agreement, as the rule does.
 The same counts for other minimum agreement gains (0: any rise beyond noise) show how much the
 default depends on its value.
 """
@@ -41,6 +42,7 @@ def check(rows: list[dict], min_gain: float = MIN_AGREEMENT_GAIN) -> dict:
             "within": best["accuracy"] - chosen["accuracy"] <= best["accuracy_se"],
             "below_it0": below_it0(rows, rec["iteration"]),
             "signals": rows[0].get("lf_agreement") is not None,
+            "supported": rows[0].get("lf_supported_agreement") is not None,
             "acc": (chosen["accuracy"], best["accuracy"])}
 
 
@@ -48,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="reports/choice_check.md")
     args = ap.parse_args(argv)
-    lines = ["| run | signals | recommended | held-out there | best held-out | within 1 s.e. | below it0 beyond noise |",
+    lines = ["| run | signals (supported: with the base support) | recommended | held-out there | best held-out | within 1 s.e. | below it0 beyond noise |",
              "|---|---|---|---|---|---|---|"]
     done, kept = [], []  # each run's check and its per-iteration rows
     for name, result in runs():
@@ -58,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
         c = check(rows)
         done.append(c)
         kept.append(rows)
-        lines.append(f"| {name} | {'yes' if c['signals'] else 'no'} | {c['recommended']} | {c['acc'][0]:.3f} | "
+        lines.append(f"| {name} | {'supported' if c['supported'] else 'yes' if c['signals'] else 'no'} | {c['recommended']} | {c['acc'][0]:.3f} | "
                      f"{c['best']} ({c['acc'][1]:.3f}) | {'yes' if c['within'] else 'NO'} | "
                      f"{'YES' if c['below_it0'] else 'no'} |")
 
@@ -70,11 +72,14 @@ def main(argv: list[str] | None = None) -> None:
                 "it0 beyond noise")
 
     with_signals = [c for c in done if c["signals"]]
+    supported = [c for c in done if c["supported"]]
     sensitivity = ", ".join(f"{m:.2f}: {sum(c['within'] for c in cs)} within, {sum(c['below_it0'] for c in cs)} below"
                             for m in SENSITIVITY for cs in [[check(rows, m) for rows in kept]])
     head = [f"Minimum agreement gain (95% low end) {MIN_AGREEMENT_GAIN:.2f}.",
             f"All kept runs ({len(done)}): {counts(done)}.",
             f"Runs with the label-free signals recorded ({len(with_signals)}): {counts(with_signals)}.",
+            (f"Of those, runs with the base support recorded, where the rule reads the supported agreement "
+             f"({len(supported)}): {counts(supported)}."),
             (f"Runs kept before the signals were recorded ({len(done) - len(with_signals)}): the rule keeps it0 "
              "on them (no signal, do no harm)."),
             f"With other minimum agreement gains (of {len(kept)}): {sensitivity}.", ""]
