@@ -23,10 +23,10 @@ import json
 from pathlib import Path
 
 import pandas as pd
-import pyarrow.parquet as pq
 import yaml
 
 from self_improve import artifacts as art
+from self_improve import recipes
 from self_improve.choice import SUPPORT_FACTOR, recommend, signals, vetoes
 from self_improve.cli import derive_seed
 from self_improve.config import parse_params
@@ -37,27 +37,15 @@ from self_improve.models.loading import set_threads
 from self_improve.tasks import task_for
 
 ROOT = Path(__file__).resolve().parents[1]
-PROVENANCE = b"self_improve.provenance"
 
 
 def run_params(work: Path, backend: str | None):
     """The params the run's it0 evaluate read (its provenance), over the repository's defaults."""
-    meta = pq.read_schema(work / "data/it0/eval.parquet").metadata or {}
-    if PROVENANCE not in meta:
+    prov = art.read_provenance(work / "data/it0/eval.parquet")
+    if not prov:
         raise SystemExit(f"{work}/data/it0/eval.parquet: no provenance, cannot tell the run's params")
-    recorded = json.loads(meta[PROVENANCE])["params"]
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
-    for key, value in recorded.items():
-        node, *path = key.split(".")
-        if not path:
-            raw[node] = value if not isinstance(value, dict) else {**raw.get(node, {}), **value}
-            continue
-        tree = raw.setdefault(node, {})
-        for part in path[:-1]:
-            tree = tree.setdefault(part, {})
-        tree[path[-1]] = value
-    if backend:
-        raw["sample"]["backend"] = backend
+    raw = recipes.apply(yaml.safe_load((ROOT / "params.yaml").read_text()),
+                        prov["params"] | ({"sample.backend": backend} if backend else {}))
     return parse_params(raw, f"{work}/data/it0/eval.parquet (provenance)")
 
 

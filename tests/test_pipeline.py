@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from self_improve import artifacts as art
+from self_improve.config import parse_params
 from self_improve.engines.ct2 import ct2_unavailable
 from stages import judge, prepare
 
@@ -21,7 +22,8 @@ MODULES = stage_modules()
 @pytest.mark.loop
 def test_whole_loop_in_process(tmp_path, tiny_params_file, monkeypatch, capsys):
     run_all(tmp_path, tiny_params_file, monkeypatch)
-    m0_k = yaml.safe_load(Path(tiny_params_file).read_text())["evaluate"].get("support_k", 8)
+    m0_k = parse_params(yaml.safe_load(Path(tiny_params_file).read_text())).evaluate.support_k
+    assert m0_k > 0
     for it in ("it0", "it1", "it2", "it3"):
         m = art.read_json(tmp_path / "reports" / "iterations" / it / "metrics.json")
         # each accuracy is a count of right answers over the set's problems, with its binomial s.e.

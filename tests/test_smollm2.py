@@ -51,7 +51,7 @@ def test_one_iteration_on_smollm2(tmp_path, monkeypatch):
         "judge": {"method": "self_certainty"},
         "train": {"algorithm": "dpo", "epochs": 1, "batch_size": 8, "micro_batch_size": 4,
                   "lora": {"r": 4, "alpha": 8}},
-        "evaluate": {"k": 2, "max_new_tokens": 24},
+        "evaluate": {"k": 2, "support_k": 2, "max_new_tokens": 24},
         "loop": {"it1": {"prev": "it0", "ref": "init"}},
     })
     params = tmp_path / "params.yaml"
@@ -72,15 +72,28 @@ def test_one_iteration_on_smollm2(tmp_path, monkeypatch):
     train.main([*it, "--model", "it0/model", "--base", "it0/model", "--pairs", "it1/pairs.parquet",
                 "--sft", "it1/sft.parquet", "--groups", "it1/groups.parquet", "--out", "it1/model",
                 "--metrics", "it1/train.json", "--checkpoints", "it1/checkpoints", *p])
+    art.write_json({}, tmp_path / "it0/train.json")
+    evaluate.main(["--iteration", "it0", "--model", "it0/model", "--heldout", "task/heldout.parquet",
+                   "--ttt", "task/ttt.parquet", "--train-metrics", "it0/train.json", "--eval-out", "it0/eval.parquet",
+                   "--out", "it0/metrics.json", *p])
     evaluate.main([*it, "--model", "it1/model", "--base", "it0/model", "--heldout", "task/heldout.parquet",
                    "--ttt", "task/ttt.parquet", "--train-metrics", "it1/train.json",
                    "--judgments", "it1/judgments.parquet", "--pairs", "it1/pairs.parquet", "--sft", "it1/sft.parquet",
-                   "--out", "it1/metrics.json", *p])
+                   "--base-eval", "it0/eval.parquet", "--eval-out", "it1/eval.parquet", "--out", "it1/metrics.json", *p])
+    # the label-free choice's base support: it0 samples each test-time problem in both wordings, itN does not
+    ev0 = art.read_table(tmp_path / "it0/eval.parquet", art.EVAL)
+    drawn = ev0[ev0["set"] == "ttt_sample"]
+    assert len(drawn) == 2 * (8 + (ev0["set"] == "ttt_view").sum()) and drawn["response"].str.len().mean() > 10
+    assert not (art.read_table(tmp_path / "it1/eval.parquet", art.EVAL)["set"] == "ttt_sample").any()
+    m0 = art.read_json(tmp_path / "it0/metrics.json")
+    assert 0 <= m0["lf_supported_agreement"] <= m0["lf_agreement"] and 0 <= m0["lf_base_support"] <= 1
     samples = art.read_table(tmp_path / "it1/samples.parquet", art.SAMPLES)
     assert samples["response"].str.len().mean() > 10  # a real model answers in words
     assert samples["pred"].notna().mean() > 0.5  # and its answers are read (GSM8K, "the answer is", last number)
     m = art.read_json(tmp_path / "it1/metrics.json")
     assert {"accuracy", "ttt_accuracy", "eval_extract_failure_rate"} <= set(m)
+    assert m["lf_base_support_gain_lo"] <= m["lf_base_support_gain"] <= m["lf_base_support_gain_hi"]
+    assert m["lf_supported_agreement"] <= m["lf_agreement"]
     assert m["num_pairs"] > 0 and m["train_steps"] >= 1
     judged = art.read_table(tmp_path / "it1/judgments.parquet", art.JUDGMENTS)
     assert m["truncated_share"] == pytest.approx(judged["truncated"].mean())
