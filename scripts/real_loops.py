@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -82,20 +83,25 @@ def main(argv: list[str] | None = None) -> None:
     out = args.out.resolve() if args.out else OUTS[args.recipe]
     if args.jobs < 1 or (args.jobs > 1 and args.plain is None):
         ap.error("--jobs: a positive number, above 1 only with --plain (one DVC experiment at a time per workspace)")
+    runs, failed = [], []
     if not args.table:
         runs = [(j, s) for s in args.seeds for j in args.judges]  # a first seed of every judge before the second of any
         threads = max(1, (os.cpu_count() or 1) // args.jobs)
         lock = threading.Lock()
 
-        def one(run: tuple[str, int]) -> None:
-            run_one(*run, args.force, args.recipe, out=out, sets=args.sets, tag=args.tag,
-                    plain=args.plain.resolve() if args.plain else None, threads=threads if args.plain else None)
+        def one(run: tuple[str, int]) -> Path | None:
+            kept = run_one(*run, args.force, args.recipe, out=out, sets=args.sets, tag=args.tag,
+                           plain=args.plain.resolve() if args.plain else None, threads=threads if args.plain else None)
             with lock:
                 write_reports(out)
+            return kept
 
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            list(pool.map(one, runs))
+            failed = [run for run, kept in zip(runs, pool.map(one, runs)) if kept is None]
     print(write_reports(out))
+    if failed:
+        sys.exit(f"real_loops: {len(failed)} of {len(runs)} runs failed: "
+                 + ", ".join(f"{j} seed {s}" for j, s in failed))
 
 
 if __name__ == "__main__":
