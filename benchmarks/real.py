@@ -11,7 +11,9 @@
    samples per problem on torch and on CTranslate2's forward pass (`scoring`, `--scoring-only`).
 3. The train stage itself, as a subprocess on 64 of those samples (RAFT, LoRA): batch 64 with
    micro-batches of 8 and, for comparison, of 64; its peak RSS, training tokens/s and the bytes its
-   iteration writes (the adapter) against the base model's size.
+   iteration writes (the adapter) against the base model's size; and at micro-batch 8 the stage in
+   float32 under the AVX2 pins, in float32 on the CPU's own kernels, and with `train.bf16` (mixed
+   precision, AMX where the CPU has it) on them (`train_precision`, `--precision-only`).
 4. With --loop-timings (the SELF_IMPROVE_TIMINGS file of a real-model loop) and --loop-seconds
    (its wall time): the share of the loop spent outside the stages' own work (DVC, process starts,
    MLflow). `make loop-smollm2` with SELF_IMPROVE_TIMINGS set writes such a file, and
@@ -199,8 +201,10 @@ def scoring(model_dir: Path, n_prompts: int = 64, k: int = 8, max_new_tokens: in
                 max(abs(a - b) for a, b in zip(hf.self_certainty, c.self_certainty)), 5)}
 
 
-def train_stage(model_dir: Path, prompts: list[str], responses: list[str], micro_batch: int, tmp: Path) -> dict:
-    """The train stage as a user runs it, in its own process: peak RSS, tokens/s, bytes written."""
+def train_stage(model_dir: Path, prompts: list[str], responses: list[str], micro_batch: int, tmp: Path,
+                bf16: bool = False, native: bool = False) -> dict:
+    """The train stage as a user runs it, in its own process: peak RSS, tokens/s, bytes written.
+    `bf16`: train.bf16 (mixed precision); `native`: SELF_IMPROVE_CPU_ISA=native (no AVX2 pins)."""
     import pandas as pd
     import yaml
 
@@ -209,7 +213,7 @@ def train_stage(model_dir: Path, prompts: list[str], responses: list[str], micro
     from self_improve.models.base import resolve_base
     from self_improve.models.loading import write_base_record
 
-    work = tmp / f"train-micro{micro_batch}"
+    work = tmp / f"train-micro{micro_batch}{'-bf16' if bf16 else ''}{'-native' if native else ''}"
     work.mkdir()
     write_base_record(resolve_base(ModelConfig(base=str(model_dir))), work / "it0", {"bench": True})
     n = len(prompts)
@@ -221,7 +225,7 @@ def train_stage(model_dir: Path, prompts: list[str], responses: list[str], micro
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["model"].update(base=str(model_dir), max_length=256)
     params["train"].update(algorithm="raft", epochs=2, batch_size=64, micro_batch_size=micro_batch,
-                           checkpoint_every=0)
+                           checkpoint_every=0, bf16=bf16)
     (work / "params.yaml").write_text(yaml.safe_dump(params))
     timings = work / "timings.jsonl"
     code = ("import resource, runpy, sys\n"
@@ -235,8 +239,12 @@ def train_stage(model_dir: Path, prompts: list[str], responses: list[str], micro
            "--pairs", str(work / "pairs.parquet"), "--sft", str(work / "sft.parquet"),
            "--groups", str(work / "groups.parquet"), "--out", str(work / "it1"),
            "--metrics", str(work / "metrics.json"), "--params", str(work / "params.yaml")]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "SELF_IMPROVE_TIMINGS": str(timings), "SELF_IMPROVE_TRACKING": "0"})
+    env = {**os.environ, "SELF_IMPROVE_TIMINGS": str(timings), "SELF_IMPROVE_TRACKING": "0"}
+    if native:
+        env["SELF_IMPROVE_CPU_ISA"] = "native"
+        for pin in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA"):  # this process's own pins
+            env.pop(pin, None)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         sys.exit(f"bench: the train stage failed:\n{proc.stderr[-3000:]}")
     rss_kb = int(next(line.split()[1] for line in proc.stderr.splitlines() if line.startswith("PEAK_RSS_KB")))
@@ -251,12 +259,29 @@ def train_stage(model_dir: Path, prompts: list[str], responses: list[str], micro
     stage_seconds = json.loads(timings.read_text().splitlines()[-1])["seconds"]
     written = sum(f.stat().st_size for f in (work / "it1").rglob("*") if f.is_file())
     base_bytes = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
-    return {"micro_batch_size": micro_batch, "batch_size": 64, "rows": n, "epochs": 2,
+    return {"micro_batch_size": micro_batch, "batch_size": 64, "rows": n, "epochs": 2, "bf16": bf16,
+            "cpu_isa": "native" if native else "pinned",
+            "loss_first": round(metrics["train_loss_first"], 5), "loss_last": round(metrics["train_loss"], 5),
             "train_steps": metrics["train_steps"], "peak_rss_gb": round(rss_kb / 2**20, 2),
             **({"peak_gpu_gb": round(gpu[0] / 2**30, 2)} if gpu else {}),
             "stage_seconds": round(stage_seconds, 1),
             "train_tokens_per_s": round(2 * tokens / stage_seconds, 1),  # includes loading: a lower bound
             "iteration_bytes": written, "base_bytes": base_bytes, "iteration_bytes_share": round(written / base_bytes, 4)}
+
+
+def precision(model_dir: Path, prompts: list[str], responses: list[str], tmp: Path) -> dict:
+    """The train stage at micro-batch 8 in float32 under the AVX2 pins (the default), in float32 with
+    the CPU's own kernels, and with train.bf16 on them (AMX where the CPU has it): seconds, speed-up
+    over the default, and each run's losses (mixed precision should leave them near float32's)."""
+    from self_improve.cpu import cpu_flags
+
+    runs = {name: train_stage(model_dir, prompts, responses, 8, tmp, bf16=bf16, native=native)
+            for name, bf16, native in (("pinned_float32", False, False), ("native_float32", False, True),
+                                       ("native_bf16", True, True))}
+    base = runs["pinned_float32"]["stage_seconds"]
+    for run in runs.values():
+        run["speedup_vs_pinned_float32"] = round(base / run["stage_seconds"], 2)
+    return {"amx_bf16": "amx_bf16" in cpu_flags(), "runs": runs}
 
 
 def orchestration(timings: Path, wall: float) -> dict:
@@ -283,6 +308,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="only the engines' comparison: update the `engines` figures of --out, keep the rest")
     p.add_argument("--scoring-only", action="store_true",
                    help="only log-prob scoring on torch and ct2: update the `scoring` figures of --out, keep the rest")
+    p.add_argument("--precision-only", action="store_true",
+                   help="only the train stage in float32 / float32 unpinned / bf16: update the `train_precision` figures")
     args = p.parse_args(argv)
 
     def update(key: str, figures: dict) -> dict:
@@ -293,6 +320,12 @@ def main(argv: list[str] | None = None) -> None:
         out.write_text(json.dumps(result, indent=2) + "\n")
         return figures
 
+    if args.precision_only:
+        _, prompts, responses = micro(Path(args.model))
+        with tempfile.TemporaryDirectory() as tmp:
+            print(json.dumps(update("train_precision", precision(Path(args.model), prompts, responses, Path(tmp))),
+                             indent=1))
+        return
     if args.scoring_only:
         print(json.dumps(update("scoring", scoring(Path(args.model))), indent=1))
         return
@@ -318,7 +351,9 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps(result["scoring"]), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         result["train"] = [train_stage(model_dir, prompts, responses, m, Path(tmp)) for m in (8, 64)]
+        result["train_precision"] = precision(model_dir, prompts, responses, Path(tmp))
     print(json.dumps(result["train"]), flush=True)
+    print(json.dumps(result["train_precision"]), flush=True)
     if args.loop_timings and args.loop_seconds:
         result["loop"] = orchestration(Path(args.loop_timings), args.loop_seconds)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

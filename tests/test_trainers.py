@@ -89,6 +89,30 @@ def test_one_dpo_step_moves_the_model_as_the_loss_computed_by_hand_says(tok, tra
         torch.testing.assert_close(torch.sign(step), torch.sign(g[big]))
 
 
+def test_bf16_runs_the_forward_passes_in_bfloat16_and_keeps_float32_weights(tok, trained):
+    """train.bf16: the linear layers compute in bfloat16 while training and while scoring the reference,
+    the weights stay float32 and move, and the first DPO loss is log 2 (the reference is scored in the
+    precision the policy trains in, so their log-ratio starts at 0) and near the float32 run's."""
+    seen: list[torch.dtype] = []
+    losses = {}
+    for dtype in (None, torch.bfloat16):
+        model = copy.deepcopy(trained)
+        before = {k: p.detach().clone() for k, p in model.named_parameters()}
+        linear = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+        hook = linear.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
+        ctx = RunContext(tok, Schedule(1e-2, 1), batch_size=4, seed=0, autocast=dtype)
+        log = PreferenceTrainer(ctx, Algorithm.dpo, DpoConfig(beta=0.5, rpo_alpha=0.0)).train(
+            model, PROMPTS, CHOSEN, REJECTED)
+        hook.remove()
+        losses[dtype] = log.losses[0]
+        assert all(p.dtype == torch.float32 for p in model.parameters())
+        assert any(not torch.equal(before[k], p.detach()) for k, p in model.named_parameters())
+        assert set(seen) == {dtype or torch.float32}, seen
+        seen.clear()
+    assert losses[None] == pytest.approx(np.log(2), abs=1e-5)
+    assert losses[torch.bfloat16] == pytest.approx(np.log(2), abs=1e-2)
+
+
 def test_the_schedule_is_transformers_warm_up_and_cosine_to_a_floor():
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     sched = Schedule(1.0, steps=10, warmup_steps=2, min_lr_ratio=0.5).scheduler(opt)

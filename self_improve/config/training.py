@@ -79,6 +79,11 @@ class TrainConfig(_Section):
         "(None: the whole batch at once); memory grows with this, not with batch_size",
     )
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward: less memory, slower")
+    bf16: bool = Field(
+        False, description="mixed precision (transformers' TrainingArguments.bf16): forward passes autocast to "
+        "bfloat16, weights, gradients and optimiser state stay float32. Fast where the CPU has AMX (lscpu: "
+        "amx_bf16) and runs with SELF_IMPROVE_CPU_ISA=native; slower under the AVX2 pins",
+    )
     dpo: DpoConfig = DpoConfig()
     grpo: GrpoConfig = GrpoConfig()
     nft: NftConfig = NftConfig()

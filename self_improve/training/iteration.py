@@ -23,12 +23,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from pathlib import Path
 
 import pandas as pd
 import torch
 
 from self_improve.config import PREFERENCE, Algorithm, Params, TrainConfig
+from self_improve.cpu import cpu_flags
 from self_improve.distributed import is_fsdp
 from self_improve.engines.hf import chat_format
 from self_improve.models.loading import (
@@ -101,6 +103,12 @@ def train(model, tokenizer, pairs: pd.DataFrame, sft: pd.DataFrame, groups: pd.D
     """Train `model`; returns the trained model (a peft model with LoRA), the log, the number of examples
     and, under FSDP, the gathered full state dict (None otherwise: the model's own weights are whole)."""
     chat = chat_format(model, tokenizer)  # before LoRA wraps it: the base's generation config
+    device = next(model.parameters()).device
+    if cfg.bf16 and device.type == "cpu" and "amx_bf16" not in cpu_flags():
+        log.warning("train.bf16 on a CPU without AMX (amx_bf16): bfloat16 runs emulated, slower than float32")
+    elif cfg.bf16 and device.type == "cpu" and os.environ.get("ONEDNN_MAX_CPU_ISA") == "AVX2":
+        log.warning("train.bf16 under the AVX2 pins: oneDNN cannot use AMX, so training is slower than float32; "
+                    "run with SELF_IMPROVE_CPU_ISA=native (self_improve/cpu.py)")
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
@@ -113,7 +121,7 @@ def train(model, tokenizer, pairs: pd.DataFrame, sft: pd.DataFrame, groups: pd.D
     # one-step run trains
     sched = Schedule(cfg.lr, steps, warmup_steps=max(0, min(10, n, steps - 1)))
     ctx = RunContext(tokenizer, sched, cfg.batch_size, seed, cfg.micro, cfg.max_grad_norm, accelerator,
-                     checkpoints, chat, max_length)
+                     checkpoints, chat, max_length, torch.bfloat16 if cfg.bf16 else None)
     out = TRAINERS[cfg.algorithm](ctx, cfg, model, pairs, sft, groups)
     if n == 0:
         log.warning("no training data this iteration: the model is passed on unchanged")

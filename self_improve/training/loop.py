@@ -180,6 +180,13 @@ def _micro(idx: list[int], size: int, length_fn: LengthFn | None = None) -> list
     return [idx[i : i + size] for i in range(0, len(idx), size)] or [[]]
 
 
+def autocast_to(device: torch.device | str, dtype: torch.dtype | None):
+    """torch.autocast to `dtype` on `device`'s type (mixed precision); with None, no change."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=dtype)
+
+
 def fit(
     model: torch.nn.Module,
     n: int,
@@ -195,6 +202,7 @@ def fit(
     micro_batch_size: int | None = None,
     weight_fn: WeightFn | None = None,
     length_fn: LengthFn | None = None,
+    autocast: torch.dtype | None = None,
 ) -> TrainLog:
     """Optimise `model` for `schedule.steps` batches of item indices; step_fn gives the loss.
 
@@ -204,7 +212,9 @@ def fit(
     gradient is the whole batch's while memory holds one micro-batch. With `length_fn`, a batch's
     items go to micro-batches by length (less padding; which items form a batch is unchanged). With an
     `accelerate.Accelerator`, the model and optimiser are prepared by it and each process takes its
-    shard of every batch. With `checkpoints`, training resumes from a matching state.
+    shard of every batch. With `checkpoints`, training resumes from a matching state. With `autocast`
+    (train.bf16), step_fn's forward pass and loss run under torch.autocast to that dtype; backward
+    runs outside it, as PyTorch advises, and weights, gradients and the optimiser stay as they are.
     """
     train_log = TrainLog()
     if n == 0 or schedule.steps == 0:
@@ -270,7 +280,8 @@ def fit(
             sync = accelerator is None or world == 1 or k == len(parts) - 1
             ctx = contextlib.nullcontext() if sync else accelerator.no_sync(runner)
             with ctx:
-                loss, part_stats = step_fn(runner, part, device)
+                with autocast_to(device, autocast):
+                    loss, part_stats = step_fn(runner, part, device)
                 scaled = loss * share if len(parts) > 1 else loss
                 if accelerator is not None:
                     accelerator.backward(scaled)

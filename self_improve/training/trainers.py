@@ -24,7 +24,7 @@ from transformers import PreTrainedTokenizerBase
 from self_improve.chat import ChatFormat
 from self_improve.config import Algorithm, DpoConfig, GrpoConfig, NftConfig
 from self_improve.engines.hf import Row, collate, encode_rows, pad_id, token_batches, token_logprobs
-from self_improve.training.loop import Checkpoints, Schedule, TrainLog, fit
+from self_improve.training.loop import Checkpoints, Schedule, TrainLog, autocast_to, fit
 from self_improve.training.losses import (
     cream_loss,
     dpo_loss,
@@ -53,6 +53,7 @@ class RunContext:
     checkpoints: Checkpoints | None = None
     chat: ChatFormat | None = None
     max_length: int | None = None
+    autocast: torch.dtype | None = None  # train.bf16: forward passes in this dtype (weights stay float32)
 
     def encode(self, prompts: list[str], responses: list[str]) -> Encoded:
         rows = encode_rows(self.chat or ChatFormat.of(self.tokenizer), prompts, responses, self.max_length)
@@ -67,7 +68,12 @@ class RunContext:
         if n == 0:
             return fit(model, 0, None, self.schedule, self.batch_size, self.seed, checkpoints=self.checkpoints)
         return fit(model, n, step_fn, self.schedule, self.batch_size, self.seed, self.max_grad_norm, desc,
-                   stop_loss, self.accelerator, self.checkpoints, self.micro_batch_size, weight_fn, length_fn)
+                   stop_loss, self.accelerator, self.checkpoints, self.micro_batch_size, weight_fn, length_fn,
+                   self.autocast)
+
+    def reference(self, model: torch.nn.Module, data: Encoded) -> list[torch.Tensor]:
+        """`reference_logprobs` in micro-batches, in the precision training runs in."""
+        return reference_logprobs(model, data, self.micro, self.autocast)
 
 
 @dataclass
@@ -95,14 +101,17 @@ def concatenated(first: Encoded, second: Encoded, idx: list[int], device: torch.
 
 
 @torch.no_grad()
-def reference_logprobs(model: torch.nn.Module, data: Encoded, batch_size: int = 64) -> list[torch.Tensor]:
-    """Per-token log-probs of each row's response tokens under `model` as it is now (fp32, CPU)."""
+def reference_logprobs(model: torch.nn.Module, data: Encoded, batch_size: int = 64,
+                       autocast: torch.dtype | None = None) -> list[torch.Tensor]:
+    """Per-token log-probs of each row's response tokens under `model` as it is now (kept as fp32 on
+    the CPU); with `autocast`, its forward passes run in that dtype, as training's do."""
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     out: list[torch.Tensor] = [torch.empty(0)] * len(data.rows)
     for idx in token_batches([len(r.ids) for r in data.rows], batch_size, 1 << 62):
-        logps, _ = token_logprobs(model, data.batch(idx, device))
+        with autocast_to(device, autocast):
+            logps, _ = token_logprobs(model, data.batch(idx, device))
         logps = logps.float().cpu()
         for j, i in enumerate(idx):
             out[i] = logps[j, : data.rows[i].response_len].clone()
@@ -185,8 +194,8 @@ class PreferenceTrainer:
                 return sums / torch.tensor([max(1, len(t)) for t in per_row], dtype=torch.float)
             return sums
 
-        ref_c = seq(reference_logprobs(model, enc_c, self.ctx.micro))
-        ref_r = seq(reference_logprobs(model, enc_r, self.ctx.micro))
+        ref_c = seq(self.ctx.reference(model, enc_c))
+        ref_r = seq(self.ctx.reference(model, enc_r))
         cons = torch.tensor(consistency if consistency is not None else [0.5] * len(prompts), dtype=torch.float)
         pair_w = torch.tensor(weights, dtype=torch.float) if weights is not None else None
 
@@ -230,7 +239,7 @@ class OnPolicyTrainer(ABC):
         if not prompts:
             return self.ctx.fit(model, 0, None, self.name)
         data = self.ctx.encode(prompts, responses)
-        old = reference_logprobs(model, data, self.ctx.micro)
+        old = self.ctx.reference(model, data)
         values = {k: torch.tensor(v, dtype=torch.float) for k, v in per_sample.items()}
 
         def step(runner, idx, device):
