@@ -83,8 +83,8 @@ GYM_LEVELS = [{name: chain_sum, label: chain_sum-2x1, config: {min_terms: 2, max
   {name: chain_sum, label: chain_sum-2x2, config: {min_terms: 2, max_terms: 2, min_digits: 2, max_digits: 2}}, \
   {name: chain_sum, label: chain_sum-3x1, config: {min_terms: 3, max_terms: 3, min_digits: 1, max_digits: 1}}, \
   {name: chain_sum, label: chain_sum-3x2, config: {min_terms: 3, max_terms: 3, min_digits: 1, max_digits: 2}}, \
-  {name: basic_arithmetic, label: basic_arithmetic-2x1, config: {min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1, allow_parentheses: false, allow_negation: false}}, \
-  {name: basic_arithmetic, label: basic_arithmetic-3x1, config: {min_terms: 3, max_terms: 3, min_digits: 1, max_digits: 1, allow_parentheses: false, allow_negation: false}}, \
+  {name: basic_arithmetic, label: basic_arithmetic-2x1, config: {min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1, allow_parentheses: false, allow_negation: false, operators: ["+", "-", "*"]}}, \
+  {name: basic_arithmetic, label: basic_arithmetic-3x1, config: {min_terms: 3, max_terms: 3, min_digits: 1, max_digits: 1, allow_parentheses: false, allow_negation: false, operators: ["+", "-", "*"]}}, \
   {name: gsm_symbolic, label: gsm_symbolic}]
 
 gym-levels-smollm2: smollm2  ## SmolLM2's greedy accuracy per reasoning-gym dataset and level (reports/gym_levels_smollm2.*)

@@ -9,6 +9,8 @@ from self_improve.config import TaskConfig
 from self_improve.errors import ConfigError
 from self_improve.tasks import task_for
 
+from .conftest import ROOT
+
 pytest.importorskip("reasoning_gym")
 
 DATASETS = [
@@ -100,6 +102,39 @@ def test_grading_agrees_with_the_datasets_own_scorers_on_real_looking_responses(
 def test_bad_datasets_are_refused_naming_the_entry(datasets, match):
     with pytest.raises(ConfigError, match=match):
         _task(datasets=datasets)
+
+
+BASIC_NO_PARENS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "allow_parentheses": False,
+                   "allow_negation": False}
+
+
+def test_basic_arithmetic_division_without_parentheses_is_refused_naming_the_key():
+    with pytest.raises(ConfigError, match=r"task.datasets\[1\].config.operators: .*Calculate 5 / 9"):
+        _task(datasets=[DATASETS[0], {"name": "basic_arithmetic", "config": BASIC_NO_PARENS}])
+    _task(datasets=[{"name": "basic_arithmetic", "config": {**BASIC_NO_PARENS, "operators": ["+", "-", "*"]}}])
+
+
+def test_the_refused_setting_has_wrong_gold_answers_and_the_gym_recipes_setting_none():
+    """Why the refusal: reasoning-gym's own draws, the question's expression evaluated against the
+    gold. Without parentheses its `/` problems mostly disagree (if none did, the refusal could go);
+    without `/` (the smollm2-gym recipe's setting) every gold is the expression's value."""
+    gym = pytest.importorskip("reasoning_gym")
+
+    def value(expression: str) -> float | None:  # digits, spaces and + - * / only
+        try:
+            return eval(expression)
+        except ZeroDivisionError:  # "7 / 0" is drawn too, with a number for its gold
+            return None
+
+    def wrong(config):
+        ds = gym.create_dataset("basic_arithmetic", size=400, seed=0, **config)
+        return [e for e in ds if value(e["metadata"]["expression"]) != float(e["answer"])]
+
+    divisions = [e for e in wrong(BASIC_NO_PARENS) if "/" in e["question"]]
+    assert len(divisions) > 40, divisions[:3]  # 83 of 91 with seed 0
+    recipe = yaml.safe_load((ROOT / "configs/recipes/smollm2-gym.yaml").read_text())
+    basic = next(d for d in recipe["task"]["datasets"] if d["name"] == "basic_arithmetic")
+    assert wrong(basic["config"]) == []
 
 
 def test_too_few_distinct_problems_is_refused():

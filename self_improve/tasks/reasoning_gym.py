@@ -51,11 +51,29 @@ def _key(question: str) -> str:
     return " ".join(question.lower().split())
 
 
+def known_fault(name: str, dataset: Any) -> str | None:
+    """Why a dataset's gold answers cannot be trusted under its config, for settings where reasoning-gym
+    (0.1.25 and its main branch alike) writes answers that do not match their questions; None elsewhere.
+
+    basic_arithmetic without parentheses builds its question from the drawn numbers, then for a `/`
+    picks another divisor (or falls back to `*` with another number) for the answer only: "Calculate
+    5 / 9." has the gold 10. The other operators are right, and so is the generator with parentheses
+    (its answer is the question's expression evaluated, `/` as floor division)."""
+    cfg = getattr(dataset, "config", None)
+    if name == "basic_arithmetic" and cfg is not None and not getattr(cfg, "allow_parentheses", True) \
+            and "/" in tuple(getattr(cfg, "operators", ())):
+        return ("reasoning-gym's basic_arithmetic without parentheses gives its `/` problems gold answers "
+                "that do not match the question (\"Calculate 5 / 9.\" -> 10); leave '/' out of operators, "
+                "e.g. operators: ['+', '-', '*'], or allow parentheses")
+    return None
+
+
 def make_dataset(name: str, config: dict[str, Any], size: int, seed: int, where: str):
-    """reasoning-gym's dataset, with its refusals (unknown name, key or value) named by `where`."""
+    """reasoning-gym's dataset, with its refusals (unknown name, key or value) named by `where`, and
+    settings whose gold answers are known to be wrong (`known_fault`) refused too."""
     gym = _gym()
     try:
-        return gym.create_dataset(name, size=size, seed=seed, **config)
+        dataset = gym.create_dataset(name, size=size, seed=seed, **config)
     except (KeyError, ValueError, TypeError, AssertionError) as err:
         known = ""
         try:
@@ -66,6 +84,9 @@ def make_dataset(name: str, config: dict[str, Any], size: int, seed: int, where:
         except ImportError:  # pragma: no cover - older layouts
             pass
         raise ConfigError(f"{where}: reasoning-gym refused {name!r} with config {config}: {err}{known}") from None
+    if fault := known_fault(name, dataset):
+        raise ConfigError(f"{where}.config.operators: {fault}")
+    return dataset
 
 
 class ReasoningGymTask(FileTask):
