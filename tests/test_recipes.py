@@ -27,6 +27,29 @@ def test_a_recipe_is_valid_params_and_its_set_args_read_back_as_its_values(name,
     assert dict(map(recipes.parse_assignment, args[1::2])) == overrides  # DVC reads back what the file says
 
 
+@pytest.mark.parametrize("name", sorted(f.stem for f in (ROOT / "configs/recipes").glob("*.yaml")))
+def test_every_key_a_recipe_sets_is_in_params_yaml(name):
+    """`dvc exp run -S key=value` refuses a key params.yaml lacks ("Key 'datasets' is not in struct"),
+    so every key a recipe sets must be there, with a value or null."""
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for key in recipes.load(name):
+        node = raw
+        for part in key.split("."):
+            assert isinstance(node, dict) and part in node, f"{name}: {key} is not in params.yaml"
+            node = node[part]
+
+
+def test_real_loops_exits_non_zero_naming_the_runs_that_failed(monkeypatch, tmp_path):
+    from scripts import real_loops
+
+    monkeypatch.setattr(real_loops, "run_one", lambda judge, seed, *a, **k: None if seed == 1 else tmp_path)
+    monkeypatch.setattr(real_loops, "write_reports", lambda out: "table")
+    with pytest.raises(SystemExit) as err:
+        real_loops.main(["--judges", "verifier", "--seeds", "0", "1", "--out", str(tmp_path)])
+    assert "1 of 2 runs failed: verifier seed 1" in str(err.value.code)
+    real_loops.main(["--judges", "verifier", "--seeds", "0", "--out", str(tmp_path)])  # all kept: returns
+
+
 def test_the_v2_recipe_sizes(monkeypatch):
     monkeypatch.chdir(ROOT)
     v2 = recipes.load("smollm2-v2")
