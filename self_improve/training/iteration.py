@@ -105,7 +105,7 @@ def train(model, tokenizer, pairs: pd.DataFrame, sft: pd.DataFrame, groups: pd.D
     chat = chat_format(model, tokenizer)  # before LoRA wraps it: the base's generation config
     device = next(model.parameters()).device
     if cfg.bf16 and device.type == "cpu" and "amx_bf16" not in cpu_flags():
-        log.warning("train.bf16 on a CPU without AMX (amx_bf16): bfloat16 runs emulated, slower than float32")
+        log.warning("train.bf16 on a CPU without AMX (amx_bf16): bfloat16 may run slower there than float32")
     elif cfg.bf16 and device.type == "cpu" and os.environ.get("ONEDNN_MAX_CPU_ISA") == "AVX2":
         log.warning("train.bf16 under the AVX2 pins: oneDNN cannot use AMX, so training is slower than float32; "
                     "run with SELF_IMPROVE_CPU_ISA=native (self_improve/cpu.py)")
