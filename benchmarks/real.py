@@ -210,6 +210,7 @@ def train_stage(model_dir: Path, prompts: list[str], responses: list[str], micro
 
     from self_improve import artifacts as art
     from self_improve.config import ModelConfig
+    from self_improve.cpu import unpinned_env
     from self_improve.models.base import resolve_base
     from self_improve.models.loading import write_base_record
 
@@ -240,11 +241,7 @@ def train_stage(model_dir: Path, prompts: list[str], responses: list[str], micro
            "--groups", str(work / "groups.parquet"), "--out", str(work / "it1"),
            "--metrics", str(work / "metrics.json"), "--params", str(work / "params.yaml")]
     env = {**os.environ, "SELF_IMPROVE_TIMINGS": str(timings), "SELF_IMPROVE_TRACKING": "0"}
-    if native:
-        env["SELF_IMPROVE_CPU_ISA"] = "native"
-        for pin in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA"):  # this process's own pins
-            env.pop(pin, None)
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=unpinned_env(env) if native else env)
     if proc.returncode != 0:
         sys.exit(f"bench: the train stage failed:\n{proc.stderr[-3000:]}")
     rss_kb = int(next(line.split()[1] for line in proc.stderr.splitlines() if line.startswith("PEAK_RSS_KB")))
@@ -261,7 +258,7 @@ def train_stage(model_dir: Path, prompts: list[str], responses: list[str], micro
     base_bytes = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
     return {"micro_batch_size": micro_batch, "batch_size": 64, "rows": n, "epochs": 2, "bf16": bf16,
             "cpu_isa": "native" if native else "pinned",
-            "loss_first": round(metrics["train_loss_first"], 5), "loss_last": round(metrics["train_loss"], 5),
+            "loss_first": round(metrics["train_loss_first"], 5),
             "train_steps": metrics["train_steps"], "peak_rss_gb": round(rss_kb / 2**20, 2),
             **({"peak_gpu_gb": round(gpu[0] / 2**30, 2)} if gpu else {}),
             "stage_seconds": round(stage_seconds, 1),
@@ -272,7 +269,7 @@ def train_stage(model_dir: Path, prompts: list[str], responses: list[str], micro
 def precision(model_dir: Path, prompts: list[str], responses: list[str], tmp: Path) -> dict:
     """The train stage at micro-batch 8 in float32 under the AVX2 pins (the default), in float32 with
     the CPU's own kernels, and with train.bf16 on them (AMX where the CPU has it): seconds, speed-up
-    over the default, and each run's losses (mixed precision should leave them near float32's)."""
+    over the default, and each run's first loss (mixed precision should leave it near float32's)."""
     from self_improve.cpu import cpu_flags
 
     runs = {name: train_stage(model_dir, prompts, responses, 8, tmp, bf16=bf16, native=native)

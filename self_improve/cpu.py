@@ -31,11 +31,19 @@ def _has_avx2() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64") and "avx2" in cpu_flags()
 
 
+PINS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
 def pin_cpu_kernels() -> dict[str, str]:
     """Set the AVX2 pins (those not already set); returns what is now in force."""
-    pins = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
     if os.environ.get("SELF_IMPROVE_CPU_ISA", "avx2").lower() != "native" and _has_avx2():
-        for key, value in pins.items():
+        for key, value in PINS.items():
             os.environ.setdefault(key, value)
-    return {key: os.environ[key] for key in pins if key in os.environ}
+    return {key: os.environ[key] for key in PINS if key in os.environ}
+
+
+def unpinned_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` for a child process that takes the CPU's own kernels: SELF_IMPROVE_CPU_ISA=native and
+    none of the pins this process set."""
+    return {**{k: v for k, v in env.items() if k not in PINS}, "SELF_IMPROVE_CPU_ISA": "native"}
 

@@ -30,3 +30,10 @@ def test_stages_pin_torch_to_avx2_unless_told_otherwise():
     assert _capability(ATEN_CPU_CAPABILITY="default") == "DEFAULT"  # the user's own setting wins
     native = _capability(SELF_IMPROVE_CPU_ISA="native")
     assert native in {"AVX2", "AVX512"}
+
+
+def test_an_unpinned_child_gets_native_and_none_of_the_pins():
+    from self_improve.cpu import PINS, unpinned_env
+
+    env = unpinned_env({**PINS, "PATH": "/bin", "SELF_IMPROVE_CPU_ISA": "avx2"})
+    assert env == {"PATH": "/bin", "SELF_IMPROVE_CPU_ISA": "native"}

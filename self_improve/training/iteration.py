@@ -30,7 +30,7 @@ import pandas as pd
 import torch
 
 from self_improve.config import PREFERENCE, Algorithm, Params, TrainConfig
-from self_improve.cpu import cpu_flags
+from self_improve.cpu import PINS, cpu_flags
 from self_improve.distributed import is_fsdp
 from self_improve.engines.hf import chat_format
 from self_improve.models.loading import (
@@ -106,7 +106,7 @@ def train(model, tokenizer, pairs: pd.DataFrame, sft: pd.DataFrame, groups: pd.D
     device = next(model.parameters()).device
     if cfg.bf16 and device.type == "cpu" and "amx_bf16" not in cpu_flags():
         log.warning("train.bf16 on a CPU without AMX (amx_bf16): bfloat16 may run slower there than float32")
-    elif cfg.bf16 and device.type == "cpu" and os.environ.get("ONEDNN_MAX_CPU_ISA") == "AVX2":
+    elif cfg.bf16 and device.type == "cpu" and os.environ.get("ONEDNN_MAX_CPU_ISA") == PINS["ONEDNN_MAX_CPU_ISA"]:
         log.warning("train.bf16 under the AVX2 pins: oneDNN cannot use AMX, so training is slower than float32; "
                     "run with SELF_IMPROVE_CPU_ISA=native (self_improve/cpu.py)")
     if cfg.gradient_checkpointing:
