@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> None:
             f"Runs with the label-free signals recorded ({len(with_signals)}): {counts(with_signals)}.",
             (f"Of those, runs with the base support recorded, where the rule reads the supported agreement "
              f"({len(supported)}): {counts(supported)}."),
-            (f"Runs kept before the signals were recorded ({len(done) - len(with_signals)}): the rule keeps it0 "
-             "on them (no signal, do no harm)."),
+            (f"Runs without the signals (kept before they were recorded, or a task without rewrites) "
+             f"({len(done) - len(with_signals)}): the rule keeps it0 on them (no signal, do no harm)."),
             f"With other minimum agreement gains (of {len(kept)}): {sensitivity}.", ""]
     text = "\n".join(head + lines) + "\n"
     (ROOT / args.out).write_text(text)
