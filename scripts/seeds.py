@@ -65,11 +65,15 @@ def iterations(root: Path = ROOT) -> list[str]:
 
 
 def keep_report(root: Path, dest: Path) -> None:
-    """The experiment's reports/summary.md and reports/figures/ (the gap and the curves) to `dest`."""
+    """The experiment's reports/summary.md and reports/figures/ (the gap and the curves) to `dest`,
+    and each iteration's training metrics (data/itN/train_metrics.json: samples, steps, the loss's
+    diagnostics, which the evaluated metrics do not carry) as train_metrics_itN.json."""
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copy2(root / "reports" / "summary.md", dest / "summary.md")
     shutil.rmtree(dest / "figures", ignore_errors=True)
     shutil.copytree(root / "reports" / "figures", dest / "figures")
+    for train in sorted((root / "data").glob("it*/train_metrics.json")):
+        shutil.copy2(train, dest / f"train_metrics_{train.parent.name}.json")
 
 
 def committed_params(root: Path = ROOT) -> str:

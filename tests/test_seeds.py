@@ -264,3 +264,23 @@ def test_a_kept_result_carries_accuracy_per_category(tmp_path):
     kept = json.loads(keep_result("g-s0", [], tmp_path / "g-s0.json", work, ran=text, base=text, wall=1.0).read_text())
     assert kept["metrics"]["it1"] == {"accuracy": 0.3, "accuracy/chain_sum-2x12": 0.2,
                                       "ttt_accuracy/chain_sum-2x12": 0.25}
+
+
+def test_a_kept_report_carries_each_iterations_training_metrics(tmp_path):
+    """The train stage's own figures (samples trained, NFT's clipped share) are not evaluated
+    metrics: the report directory keeps them per iteration, where the docs read them."""
+    import json
+
+    from scripts.seeds import keep_report
+
+    work = tmp_path / "work"
+    (work / "reports" / "figures").mkdir(parents=True)
+    (work / "reports" / "summary.md").write_text("summary\n")
+    for it, n in (("it1", 688), ("it2", 1232)):
+        (work / "data" / it).mkdir(parents=True)
+        (work / "data" / it / "train_metrics.json").write_text(json.dumps({"train_examples": n}))
+    (work / "data" / "it0").mkdir(parents=True)  # the base model is not trained
+    keep_report(work, tmp_path / "kept")
+    assert sorted(p.name for p in (tmp_path / "kept").glob("train_metrics_*.json")) == [
+        "train_metrics_it1.json", "train_metrics_it2.json"]
+    assert json.loads((tmp_path / "kept" / "train_metrics_it2.json").read_text()) == {"train_examples": 1232}
