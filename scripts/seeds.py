@@ -35,8 +35,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import yaml
 
+from self_improve import artifacts as art
 from self_improve.choice import SIGNALS
 from self_improve.recipes import flatten, parse_assignment
 
@@ -60,20 +62,39 @@ def kept(key: str) -> bool:
     return key in KEYS or key.startswith(PER_CATEGORY)
 
 
+ANSWERS = "answers.parquet"  # a kept run's answers problem by problem (keep_answers, artifacts.KEPT_EVAL)
+
+
 def iterations(root: Path = ROOT) -> list[str]:
     return ["it0"] + list(yaml.safe_load((root / "params.yaml").read_text())["loop"])
 
 
 def keep_report(root: Path, dest: Path) -> None:
     """The experiment's reports/summary.md and reports/figures/ (the gap and the curves) to `dest`,
-    and each iteration's training metrics (data/itN/train_metrics.json: samples, steps, the loss's
-    diagnostics, which the evaluated metrics do not carry) as train_metrics_itN.json."""
+    each iteration's training metrics (data/itN/train_metrics.json: samples, steps, the loss's
+    diagnostics, which the evaluated metrics do not carry) as train_metrics_itN.json, and every
+    iteration's answers problem by problem as answers.parquet (`keep_answers`)."""
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copy2(root / "reports" / "summary.md", dest / "summary.md")
     shutil.rmtree(dest / "figures", ignore_errors=True)
     shutil.copytree(root / "reports" / "figures", dest / "figures")
     for train in sorted((root / "data").glob("it*/train_metrics.json")):
         shutil.copy2(train, dest / f"train_metrics_{train.parent.name}.json")
+    keep_answers(root, dest / ANSWERS)
+
+
+def keep_answers(root: Path, dest: Path) -> Path | None:
+    """Every iteration's evaluated answers (data/itN/eval.parquet) in one file, without the response
+    texts: per problem and wording its answer, whether it was right, cut, valid and a restated number.
+    Two runs at one seed answer the same problems, so a kept run can be set against another problem
+    by problem (`python -m scripts.paired_runs`), and the label-free signals recomputed from it
+    (self_improve.choice.signals reads these columns). None where no iteration was evaluated."""
+    paths = [root / "data" / it / "eval.parquet" for it in iterations(root)]
+    frames = [art.read_table(p, art.EVAL) for p in paths if p.is_file()]
+    if not frames:
+        return None
+    art.write_table(pd.concat(frames, ignore_index=True), dest, art.KEPT_EVAL)
+    return dest
 
 
 def committed_params(root: Path = ROOT) -> str:

@@ -118,6 +118,10 @@ EVAL = pa.schema(  # evaluate: each problem's greedy answer, so two iterations c
     ]
 )
 
+# A kept run's answers (scripts/seeds.py keep_answers: every iteration's EVAL rows in one file under
+# reports/): EVAL without the response texts, which make it large and which nothing compares.
+KEPT_EVAL = pa.schema([f for f in EVAL if f.name != "response"])
+
 # What evaluate keeps of an iteration for the report (reports/iterations/<it>/examples.json and the
 # category mix in metrics.json): the columns of its example tables and the mix metrics' prefix.
 JUDGED_EXAMPLE_COLUMNS = ["rank", "sample_id", "prompt", "response", "reward", "label", "correct"]

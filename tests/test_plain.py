@@ -11,6 +11,8 @@ import yaml
 
 from scripts import plain
 from scripts.seeds import run_plain
+from self_improve import artifacts as art
+from self_improve import choice
 
 from .conftest import ROOT, run_all, tiny_full
 
@@ -72,6 +74,16 @@ def test_plain_run_gives_the_in_process_figures(tmp_path, monkeypatch):
         ran = json.loads((tmp_path / "inproc" / "reports" / "iterations" / it / "metrics.json").read_text())
         assert kept == {k: ran[k] for k in kept}, it
     assert set(result["metrics"]) == {"it0", "it1", "it2", "it3"}
+    # the answers kept problem by problem give the kept figures back: accuracy, and the label-free signals
+    answers = art.read_table(tmp_path / "out" / "tiny-s1" / "answers.parquet", art.KEPT_EVAL)
+    it0 = answers[answers["iteration"] == "it0"]
+    for it, kept in result["metrics"].items():
+        rows = answers[answers["iteration"] == it]
+        assert rows[rows["set"] == "heldout"]["correct"].mean() == pytest.approx(kept["accuracy"]), it
+        if it != "it0":
+            lf = choice.signals(rows, base=it0)
+            assert lf["lf_supported_agreement"] == pytest.approx(kept["lf_supported_agreement"]), it
+            assert lf["lf_agreement_gain_lo"] == pytest.approx(kept["lf_agreement_gain_lo"]), it
     # kept once: a second call does not run again
     assert run_plain("tiny-s1", ["-S", "seed=1"], dest, workdir=tmp_path / "w", root=root) == dest
 

@@ -280,6 +280,7 @@ def test_a_kept_report_carries_each_iterations_training_metrics(tmp_path):
         (work / "data" / it).mkdir(parents=True)
         (work / "data" / it / "train_metrics.json").write_text(json.dumps({"train_examples": n}))
     (work / "data" / "it0").mkdir(parents=True)  # the base model is not trained
+    (work / "params.yaml").write_text((ROOT / "params.yaml").read_text())
     keep_report(work, tmp_path / "kept")
     assert sorted(p.name for p in (tmp_path / "kept").glob("train_metrics_*.json")) == [
         "train_metrics_it1.json", "train_metrics_it2.json"]
