@@ -1,11 +1,11 @@
 """Two kept runs set against each other problem by problem: the accuracy of each at every
 iteration both evaluated, and the difference with a paired bootstrap 95% interval.
 
-    python -m scripts.paired_runs reports/smollm2_v2/nft1-verifier-s0 reports/smollm2_v2/verifier-s0
+    python -m scripts.paired_runs reports/smollm2_v2/<run A> reports/smollm2_v2/<run B>
     python -m scripts.paired_runs A B --set ttt --iteration it3 --out reports/some_comparison.md
 
 A and B are report directories of kept runs (`scripts.seeds.keep_report` writes answers.parquet
-there). Runs of one seed answer the same held-out and test-time problems, so what the two share (a
+there; runs kept before it have none and are refused as not found). Runs of one seed answer the same held-out and test-time problems, so what the two share (a
 problem's difficulty) cancels and the interval is far narrower than two runs' separate ones. Runs
 whose problems differ (another seed, another recipe) are refused, naming the first problem that
 differs.
