@@ -259,6 +259,8 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
+    from self_improve.artifacts import write_json
+
     res: dict = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                              "torch": torch.__version__,
                              "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
@@ -267,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:  # after every section, so a later failure keeps what was measured
-        out.write_text(json.dumps(res, indent=2) + "\n")
+        write_json(res, out, sort_keys=False)
 
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         if args.direct:

@@ -294,6 +294,8 @@ def orchestration(timings: Path, wall: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from self_improve.artifacts import write_json
+
     p = argparse.ArgumentParser(prog="python -m benchmarks.real", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="models/smollm2-135m-instruct", help="a local HF model directory")
     p.add_argument("--out", default="reports/benchmark_smollm2.json")
@@ -314,7 +316,7 @@ def main(argv: list[str] | None = None) -> None:
         out = Path(args.out)
         result = json.loads(out.read_text()) if out.exists() else {}
         result[key] = figures
-        out.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(result, out, sort_keys=False)
         return figures
 
     if args.precision_only:
@@ -353,8 +355,7 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps(result["train_precision"]), flush=True)
     if args.loop_timings and args.loop_seconds:
         result["loop"] = orchestration(Path(args.loop_timings), args.loop_seconds)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_json(result, args.out, sort_keys=False)
     t8 = result["train"][0]
     runs = result["engines"]["runs"]
     checks = {

@@ -202,9 +202,10 @@ def empty_table(schema: pa.Schema) -> pd.DataFrame:
     return schema.empty_table().to_pandas()
 
 
-def write_json(obj: Any, path: str | Path) -> None:
+def write_json(obj: Any, path: str | Path, sort_keys: bool = True) -> None:
+    """Write `obj` as JSON whole or not at all (a run killed mid-write keeps the last whole file)."""
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=sort_keys) + "\n", encoding="utf-8")
 
 
 def read_json(path: str | Path) -> Any:

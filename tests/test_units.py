@@ -148,6 +148,16 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_write_json_keeps_the_last_whole_file_and_optionally_the_key_order(tmp_path):
+    target = tmp_path / "figures.json"
+    art.write_json({"b": 1, "a": 2}, target, sort_keys=False)
+    assert list(art.read_json(target)) == ["b", "a"]
+    with pytest.raises(TypeError):  # not serialisable: fails mid-write
+        art.write_json({"b": 1, "a": object()}, target)
+    assert art.read_json(target) == {"b": 1, "a": 2}
+    assert [p.name for p in tmp_path.iterdir()] == ["figures.json"]
+
+
 def test_parquet_roundtrip_is_byte_identical(tmp_path):
     df = pd.DataFrame({"iteration": ["it1"], "prompt_id": ["p"], "prompt": ["1+2="], "response": ["3"],
                        "reward": [None], "correct": [1.0]})
