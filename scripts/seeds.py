@@ -209,7 +209,8 @@ def run_experiment(name: str, args: list[str], dest: Path, *, force: bool = Fals
 def keep_result(name: str, args: list[str], dest: Path, work: Path, *, ran: str, base: str, wall: float,
                 extra: dict | None = None, report_dir: Path | None = None, runner: dict | None = None) -> Path:
     """A finished run's per-iteration metrics (`work`/reports/iterations) to `dest`, with the params it
-    ran (`ran`, a params.yaml text) against `base`, and its summary and figures to `report_dir`."""
+    ran (`ran`, a params.yaml text) against `base`, and its summary and figures to `report_dir`; without
+    `report_dir`, its answers problem by problem beside `dest` (`<stem>.answers.parquet`)."""
     metrics = {it: json.loads((work / "reports" / "iterations" / it / "metrics.json").read_text())
                for it in iterations(work)}
     result = {"experiment": name, "args": args, "wall_seconds": round(wall, 1), **(extra or {}),
@@ -221,6 +222,8 @@ def keep_result(name: str, args: list[str], dest: Path, work: Path, *, ran: str,
     tmp.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     if report_dir is not None:
         keep_report(work, report_dir)
+    else:  # the answers still, beside the metrics: <out>/<variant>/s<seed>.answers.parquet
+        keep_answers(work, dest.with_name(f"{dest.stem}.{ANSWERS}"))
     tmp.replace(dest)
     print(f"{name}: {wall / 60:.1f} min -> {dest}", flush=True)
     return dest

@@ -249,6 +249,28 @@ def test_a_kept_result_carries_every_signal_the_label_free_choice_reads(tmp_path
     assert recommend(rows)["iteration"] == "it0"
 
 
+def test_a_kept_result_without_a_report_keeps_its_answers_beside_it(tmp_path):
+    """`make variants` keeps no report directory: the answers go beside s<seed>.json, so the
+    label-free signals can be replayed on tiny runs too (scripts/paired_runs.py reads the file)."""
+    import json
+
+    from scripts.seeds import keep_result
+    from self_improve import artifacts as art
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    for it in ("it0", "it1", "it2", "it3"):
+        (work / "reports" / "iterations" / it).mkdir(parents=True)
+        (work / "reports" / "iterations" / it / "metrics.json").write_text(json.dumps({"iteration": it, "accuracy": 0.3}))
+    rows = art.empty_table(art.EVAL)
+    art.write_table(rows, work / "data" / "it0" / "eval.parquet", art.EVAL)
+    text = (ROOT / "params.yaml").read_text()
+    keep_result("v-s0", [], tmp_path / "out" / "s0.json", work, ran=text, base=text, wall=1.0)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["s0.answers.parquet", "s0.json"]
+    assert list(art.read_table(tmp_path / "out" / "s0.answers.parquet", art.KEPT_EVAL).columns) == art.KEPT_EVAL.names
+
+
 def test_a_kept_result_carries_accuracy_per_category(tmp_path):
     """A mix of reasoning-gym datasets (or a task's levels) is read per dataset from kept results."""
     import json
