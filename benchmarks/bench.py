@@ -266,7 +266,6 @@ def main(argv: list[str] | None = None) -> None:
                              "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
                  "git_sha": _git_sha()}
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:  # after every section, so a later failure keeps what was measured
         write_json(res, out, sort_keys=False)

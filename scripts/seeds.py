@@ -217,14 +217,12 @@ def keep_result(name: str, args: list[str], dest: Path, work: Path, *, ran: str,
               "params_diff": params_diff(ran, base), "machine": machine() | (runner or {}),
               "params_set": {k: flatten(yaml.safe_load(ran)).get(k) for k in _set_by(args)},
               "metrics": {it: {k: m[k] for k in m if kept(k)} for it, m in metrics.items()}}
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    if report_dir is not None:
-        keep_report(work, report_dir)
-    else:  # the answers still, beside the metrics: <out>/<variant>/s<seed>.answers.parquet
-        keep_answers(work, dest.with_name(f"{dest.stem}.{ANSWERS}"))
-    tmp.replace(dest)
+    with art.atomic_path(dest) as tmp:  # the metrics land last, once the rest is kept (none if it fails)
+        tmp.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        if report_dir is not None:
+            keep_report(work, report_dir)
+        else:  # the answers still, beside the metrics: <out>/<variant>/s<seed>.answers.parquet
+            keep_answers(work, dest.with_name(f"{dest.stem}.{ANSWERS}"))
     print(f"{name}: {wall / 60:.1f} min -> {dest}", flush=True)
     return dest
 

@@ -271,6 +271,28 @@ def test_a_kept_result_without_a_report_keeps_its_answers_beside_it(tmp_path):
     assert list(art.read_table(tmp_path / "out" / "s0.answers.parquet", art.KEPT_EVAL).columns) == art.KEPT_EVAL.names
 
 
+def test_a_result_whose_answers_cannot_be_kept_is_not_kept(tmp_path):
+    """The metrics are the mark of a finished result (a rerun skips it): they land only once the
+    answers are kept, and a failure leaves neither them nor a temporary beside them."""
+    import json
+
+    import pytest
+
+    from scripts.seeds import keep_result
+
+    work = tmp_path / "work"
+    for it in ("it0", "it1", "it2", "it3"):
+        (work / "reports" / "iterations" / it).mkdir(parents=True)
+        (work / "reports" / "iterations" / it / "metrics.json").write_text(json.dumps({"iteration": it, "accuracy": 0.3}))
+    (work / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    (work / "data" / "it0").mkdir(parents=True)
+    (work / "data" / "it0" / "eval.parquet").write_text("not parquet")  # a half-written copy, say
+    text = (ROOT / "params.yaml").read_text()
+    with pytest.raises(Exception, match="eval.parquet"):
+        keep_result("v-s0", [], tmp_path / "out" / "s0.json", work, ran=text, base=text, wall=1.0)
+    assert [p.name for p in (tmp_path / "out").iterdir()] == []
+
+
 def test_a_kept_result_carries_accuracy_per_category(tmp_path):
     """A mix of reasoning-gym datasets (or a task's levels) is read per dataset from kept results."""
     import json
