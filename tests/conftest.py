@@ -185,7 +185,7 @@ def run_all(workdir: Path, params: Path, monkeypatch) -> None:
 
 
 # Tiers: `unit` (pure functions and single stages, seconds), `loop` (whole loops in-process on tiny
-# models, the bulk of `make test`'s time), `e2e` (real dvc, MLflow, Prefect) and `slow` (SmolLM2).
+# models, the bulk of `make test`'s time), `e2e` (real dvc, MLflow, Prefect, a killed FSDP launch) and `slow` (SmolLM2).
 LOOP_FIXTURES = {"variant_run", "pretrained_loop"}  # fixtures that run whole loops
 
 

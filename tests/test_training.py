@@ -148,6 +148,7 @@ def test_fsdp_on_two_cpu_processes_trains_the_weights_ddp_trains(train_inputs, l
         assert (d / "fsdp" / "model" / "adapters" / "it1" / "adapter_model.safetensors").is_file()
 
 
+@pytest.mark.e2e  # three two-process launches, one SIGKILLed: with the other kill tests in `make test-e2e`
 def test_fsdp_training_killed_part_way_resumes_from_its_gathered_checkpoint(train_inputs):
     d, argv = train_inputs
     (d / "params.yaml").write_text(yaml.safe_dump(deep_merge(
