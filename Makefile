@@ -37,7 +37,7 @@ worker: install  ## a Prefect worker that runs the pool's loop runs on this mach
 serve: install  ## serve the loop as a deployment for the Prefect UI (needs PREFECT_API_URL of a running server)
 	$(PY) -m flows.serve
 
-test: install  ## the default suite: units and the in-process pipeline on the tiny model (about 6 min)
+test: install  ## the default suite: units and the in-process pipeline on the tiny model (4-8 min on 2 cores)
 	$(PY) -m pytest
 
 test-unit: install  ## the fast tier: units only, no whole loops (about a minute)
