@@ -43,15 +43,18 @@ def check(rows: list[dict], min_gain: float = MIN_AGREEMENT_GAIN) -> dict:
             "below_it0": below_it0(rows, rec["iteration"]),
             "signals": rows[0].get("lf_agreement") is not None,
             "supported": rows[0].get("lf_supported_agreement") is not None,
-            "acc": (chosen["accuracy"], best["accuracy"])}
+            "acc": (chosen["accuracy"], best["accuracy"]),
+            # it0's agreement on answers its own samples never give (plain minus supported): not read by the rule
+            "unsupported_it0": (rows[0]["lf_agreement"] - rows[0]["lf_supported_agreement"]
+                                if rows[0].get("lf_supported_agreement") is not None else None)}
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="reports/choice_check.md")
     args = ap.parse_args(argv)
-    lines = ["| run | signals (supported: with the base support) | recommended | held-out there | best held-out | within 1 s.e. | below it0 beyond noise |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| run | signals (supported: with the base support) | recommended | held-out there | best held-out | within 1 s.e. | below it0 beyond noise | it0 agreement the base never samples |",
+             "|---|---|---|---|---|---|---|---|"]
     done, kept = [], []  # each run's check and its per-iteration rows
     for name, result in runs():
         rows = history(result)
@@ -62,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
         kept.append(rows)
         lines.append(f"| {name} | {'supported' if c['supported'] else 'yes' if c['signals'] else 'no'} | {c['recommended']} | {c['acc'][0]:.3f} | "
                      f"{c['best']} ({c['acc'][1]:.3f}) | {'yes' if c['within'] else 'NO'} | "
-                     f"{'YES' if c['below_it0'] else 'no'} |")
+                     f"{'YES' if c['below_it0'] else 'no'} | "
+                     f"{'' if c['unsupported_it0'] is None else format(c['unsupported_it0'], '.3f')} |")
 
     def counts(cs: list[dict]) -> str:
         if not cs:
