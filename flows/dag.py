@@ -41,11 +41,14 @@ def stage_commands(repo: Path) -> list[tuple[str, list[str]]]:
     return out
 
 
+# the stages that make and evaluate it0, nothing trained (scripts/base_screen.py runs only these)
+BASE_STAGES = ("check_params", "prepare", "engine_base", "evaluate_base")
+
 # CoMAS (comas/dvc.yaml, installed from its template): the loop's stages it reads, then its own,
 # iterations from `agents.loop`
 COMAS_FILE = "comas/dvc.yaml"
 COMAS_TEMPLATE = "configs/pipelines/comas.dvc.yaml"
-COMAS_BASE = ("check_params", "prepare", "engine_base", "evaluate_base")  # ../dvc.yaml stages it reads
+COMAS_BASE = BASE_STAGES  # ../dvc.yaml stages it reads
 COMAS_STEPS = ("comas_discuss", "comas_train", "comas_evaluate")
 
 

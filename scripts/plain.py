@@ -1,6 +1,7 @@
 """The loop's stages without DVC: every stage of dvc.yaml, in order, in one process, in a workspace of its own.
 
     python -m scripts.plain WORKDIR     # WORKDIR holds dvc.yaml and params.yaml; every output lands there
+    python -m scripts.plain WORKDIR --only check_params,prepare,engine_base,evaluate_base   # some stages
 
 For a machine that has the project's Python packages but not DVC (a GPU host without a package
 index, say): no cache, no lock, every stage runs once. The stages and their arguments are the ones
@@ -54,14 +55,22 @@ def device() -> dict:
             "torch": torch.__version__}
 
 
-def run_stages(work: Path) -> None:
+def run_stages(work: Path, only: tuple[str, ...] | None = None) -> None:
     """Every stage's main() with dvc.yaml's arguments, in DAG order, with `work` as the working directory;
-    a failing stage stops the run (its exception propagates: non-zero exit)."""
+    a failing stage stops the run (its exception propagates: non-zero exit). With `only`, just those
+    stages (names as `dvc repro` prints them, `train@it1`), still in DAG order: the caller names every
+    stage whose outputs they read."""
     from flows.dag import stage_commands
 
+    commands = stage_commands(work)
+    if only is not None:
+        unknown = sorted(set(only) - {name for name, _ in commands})
+        if unknown:
+            raise SystemExit(f"{work / 'dvc.yaml'}: no stage named {', '.join(unknown)}")
+        commands = [(name, argv) for name, argv in commands if name in only]
     os.chdir(work)
     (work / "device.json").write_text(json.dumps(device()) + "\n")
-    for name, argv in stage_commands(work):
+    for name, argv in commands:
         if argv[:2] != ["python", "-m"]:
             raise SystemExit(f"{work / 'dvc.yaml'}: stage {name}: expected `python -m stages.<name> ...`, got {argv[:3]}")
         started = time.perf_counter()
@@ -72,13 +81,16 @@ def run_stages(work: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        raise SystemExit("usage: python -m scripts.plain WORKDIR")
+    only = None
+    if len(args) == 3 and args[1] == "--only":
+        only, args = tuple(filter(None, args[2].split(","))), args[:1]
+    if len(args) != 1 or only == ():
+        raise SystemExit("usage: python -m scripts.plain WORKDIR [--only STAGE,STAGE,...]")
     work = Path(args[0]).resolve()
     for rel in ("dvc.yaml", "params.yaml"):
         if not (work / rel).is_file():
             raise SystemExit(f"{work}: no {rel} (make the workspace with scripts.plain.prepare_workspace)")
-    run_stages(work)
+    run_stages(work, only)
 
 
 if __name__ == "__main__":

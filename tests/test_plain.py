@@ -9,7 +9,7 @@ import shutil
 import pytest
 import yaml
 
-from scripts import plain
+from scripts import base_screen, plain
 from scripts.seeds import run_plain
 from self_improve import artifacts as art
 from self_improve import choice
@@ -54,6 +54,21 @@ def test_only_overrides_are_taken(tmp_path):
     assert not (tmp_path / "x.json").exists()
 
 
+@pytest.mark.unit
+def test_only_named_stages_are_run_and_an_unknown_name_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a run changes into its workspace: back where the test started afterwards
+    root = fake_root(tmp_path, tiny_full())
+    work = plain.prepare_workspace(tmp_path / "w", (root / "params.yaml").read_text(), root)
+    with pytest.raises(SystemExit, match="no stage named nosuch, train@it9"):
+        plain.main([str(work), "--only", "check_params,train@it9,nosuch"])
+    assert not (work / "device.json").exists()  # refused before anything ran
+    for bad in ([str(work), "--only", ""], [str(work), "--only"], [str(work), "x", "y"]):
+        with pytest.raises(SystemExit, match="usage"):
+            plain.main(bad)
+    plain.main([str(work), "--only", "check_params"])
+    assert (work / "data" / "params.ok").is_file() and not (work / "data" / "task").exists()
+
+
 @pytest.mark.loop
 def test_plain_run_gives_the_in_process_figures(tmp_path, monkeypatch):
     raw = tiny_full()
@@ -86,6 +101,19 @@ def test_plain_run_gives_the_in_process_figures(tmp_path, monkeypatch):
             assert lf["lf_agreement_gain_lo"] == pytest.approx(kept["lf_agreement_gain_lo"]), it
     # kept once: a second call does not run again
     assert run_plain("tiny-s1", ["-S", "seed=1"], dest, workdir=tmp_path / "w", root=root) == dest
+    # its base alone (scripts/base_screen.py: only it0's stages, nothing trained) is the loop's own it0
+    base = base_screen.screen_one(1, [], tmp_path / "screen", root=root, threads=1)
+    screened = tmp_path / "screen" / "s1"
+    assert result["metrics"]["it0"] == {k: base[k] for k in result["metrics"]["it0"]}
+    assert not (screened / "data" / "it1").exists() and {"lf_supported_agreement", "lf_distinct"} <= set(base)
+    # screened already: read, not run (the log is not rewritten); other params: run again, not read
+    # (here params the first stage refuses, naming the seed and the key)
+    log = (screened / "run.log").stat().st_mtime_ns
+    assert base_screen.screen_one(1, [], tmp_path / "screen", root=root, threads=1) == base
+    assert (screened / "run.log").stat().st_mtime_ns == log
+    with pytest.raises(RuntimeError, match=r"seed 1: the base stages failed(.|\n)*task.heldout_size"):
+        base_screen.screen_one(1, ["task.heldout_size=-1"], tmp_path / "screen", root=root, threads=1)
+    assert not (screened / base_screen.METRICS).exists()
 
 
 @pytest.mark.loop
