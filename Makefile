@@ -37,13 +37,13 @@ worker: install  ## a Prefect worker that runs the pool's loop runs on this mach
 serve: install  ## serve the loop as a deployment for the Prefect UI (needs PREFECT_API_URL of a running server)
 	$(PY) -m flows.serve
 
-test: install  ## the default suite: units and the in-process pipeline on the tiny model (4-8 min on 2 cores)
+test: install  ## the default suite: units and the in-process pipeline on the tiny model (4-10 min on 2 cores)
 	$(PY) -m pytest
 
 test-unit: install  ## the fast tier: units only, no whole loops (about a minute)
 	$(PY) -m pytest -m unit
 
-test-e2e: install  ## real `dvc repro`, kills, bad params, MLflow and Prefect runs on a tiny config (about 28 min)
+test-e2e: install  ## real `dvc repro`, kills, bad params, MLflow and Prefect runs on a tiny config (52 min where make test takes 9)
 	$(PY) -m pytest -m e2e
 
 test-slow: install  ## the real-model tests: a one-iteration loop on SmolLM2-135M-Instruct (run `make smollm2` first)
