@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,6 +28,7 @@ from flows.dag import BASE_STAGES
 from scripts import plain
 from scripts.seeds import ROOT
 from self_improve import recipes
+from self_improve.choice import unsupported_agreement
 from self_improve.errors import ConfigError
 
 METRICS = Path("reports") / "iterations" / "it0" / "metrics.json"
@@ -66,25 +65,11 @@ def screen_one(seed: int, overrides: list[str], workdir: Path, *, force: bool = 
         print(f"s{seed}: done already ({done})", flush=True)
         return json.loads(done.read_text())
     plain.prepare_workspace(work, text, root)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-               SELF_IMPROVE_TRACKING="0")
-    if threads:
-        env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     print(f"+ s{seed} in {work} (log: {work / 'run.log'})", flush=True)
-    with (work / "run.log").open("w") as log:
-        rc = subprocess.run([sys.executable, "-m", "scripts.plain", str(work), "--only", ",".join(BASE_STAGES)],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+    rc = plain.launch(work, threads=threads, only=BASE_STAGES)
     if rc != 0:
-        tail = "\n".join((work / "run.log").read_text(errors="replace").splitlines()[-15:])
-        raise RuntimeError(f"seed {seed}: the base stages failed (exit {rc}), {work / 'run.log'} ends:\n{tail}")
+        raise RuntimeError(f"seed {seed}: the base stages failed (exit {rc}), {work / 'run.log'} ends:\n{plain.log_tail(work)}")
     return json.loads(done.read_text())
-
-
-def unsupported(m: dict) -> float | None:
-    """it0's agreement on answers its own samples never give: plain minus supported agreement."""
-    if m.get("lf_agreement") is None or m.get("lf_supported_agreement") is None:
-        return None
-    return m["lf_agreement"] - m["lf_supported_agreement"]
 
 
 def table(results: dict[int, dict], above: float | None = None) -> str:
@@ -98,9 +83,9 @@ def table(results: dict[int, dict], above: float | None = None) -> str:
     for seed in sorted(results):
         m = results[seed]
         lines.append(f"| {seed} | {f(m.get('accuracy'))} | {f(m.get('lf_agreement'))} | {f(m.get('lf_supported_agreement'))} | "
-                     f"{f(unsupported(m))} | {f(m.get('lf_distinct'))} |")
+                     f"{f(unsupported_agreement(m))} | {f(m.get('lf_distinct'))} |")
     if above is not None:
-        over = [s for s in sorted(results) if (unsupported(results[s]) or 0) > above]
+        over = [s for s in sorted(results) if (unsupported_agreement(results[s]) or 0) > above]
         listed = f"{', '.join(map(str, over)) or 'none'} ({len(over)} of {len(results)})"
         lines += ["", f"Seeds whose base agrees on answers it never samples on over {above:g} of the problems: {listed}."]
     return "\n".join(lines) + "\n"
@@ -125,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
         params_text(seeds[0], args.params)  # a bad override stops here, before any workspace is made
     except ConfigError as err:
         raise SystemExit(f"-S: {err}") from None
-    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    threads = plain.threads_per_job(args.jobs)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         futures = {s: pool.submit(screen_one, s, args.params, args.workdir, force=args.force, threads=threads) for s in seeds}
         results, failed = {}, []

@@ -19,7 +19,7 @@ import argparse
 import math
 
 from scripts.alarm_check import ROOT, history, runs
-from self_improve.choice import MIN_AGREEMENT_GAIN, recommend
+from self_improve.choice import MIN_AGREEMENT_GAIN, recommend, unsupported_agreement
 
 SENSITIVITY = (0.0, 0.02, 0.03, 0.05, 0.08, 0.10, 0.15)  # minimum agreement gains the check also counts
 
@@ -44,9 +44,7 @@ def check(rows: list[dict], min_gain: float = MIN_AGREEMENT_GAIN) -> dict:
             "signals": rows[0].get("lf_agreement") is not None,
             "supported": rows[0].get("lf_supported_agreement") is not None,
             "acc": (chosen["accuracy"], best["accuracy"]),
-            # it0's agreement on answers its own samples never give (plain minus supported): not read by the rule
-            "unsupported_it0": (rows[0]["lf_agreement"] - rows[0]["lf_supported_agreement"]
-                                if rows[0].get("lf_supported_agreement") is not None else None)}
+            "unsupported_it0": unsupported_agreement(rows[0])}  # not read by the rule
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,6 +16,7 @@ import importlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -45,6 +46,31 @@ def prepare_workspace(work: Path, params_text: str, root: Path = ROOT) -> Path:
             (work / rel).symlink_to((root / rel).resolve(), target_is_directory=True)
     (work / "params.yaml").write_text(params_text)
     return work
+
+
+def threads_per_job(jobs: int) -> int:
+    """The CPU threads each of `jobs` runs at once gets (at least one)."""
+    return max(1, (os.cpu_count() or 1) // jobs)
+
+
+def launch(work: Path, *, threads: int | None = None, only: tuple[str, ...] | None = None,
+           env: dict[str, str] | None = None) -> int:
+    """`python -m scripts.plain WORK` (with `only`: `--only` those stages) in a process of its own, the
+    repository on its PYTHONPATH, MLflow tracking off, `threads` CPU threads, `env` on top; its output
+    to `work`/run.log. Returns its exit code (`log_tail` says why it failed)."""
+    run_env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                   SELF_IMPROVE_TRACKING="0")
+    if threads:
+        run_env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    run_env |= env or {}
+    argv = [sys.executable, "-m", "scripts.plain", str(work), *(["--only", ",".join(only)] if only else [])]
+    with (work / "run.log").open("w") as log:
+        return subprocess.run(argv, cwd=ROOT, env=run_env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+
+
+def log_tail(work: Path, lines: int = 15) -> str:
+    """The last `lines` lines of a launched run's log."""
+    return "\n".join((work / "run.log").read_text(errors="replace").splitlines()[-lines:])
 
 
 def device() -> dict:

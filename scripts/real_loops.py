@@ -29,6 +29,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from scripts.plain import threads_per_job
 from scripts.seeds import ROOT, run_experiment, run_plain, write_reports
 from self_improve import recipes
 
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     runs, failed = [], []
     if not args.table:
         runs = [(j, s) for s in args.seeds for j in args.judges]  # a first seed of every judge before the second of any
-        threads = max(1, (os.cpu_count() or 1) // args.jobs)
+        threads = threads_per_job(args.jobs)
         lock = threading.Lock()
 
         def one(run: tuple[str, int]) -> Path | None:

@@ -38,6 +38,8 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from scripts import plain
+from scripts.plain import threads_per_job
 from self_improve import artifacts as art
 from self_improve.choice import SIGNALS
 from self_improve.recipes import flatten, parse_assignment
@@ -234,7 +236,6 @@ def run_plain(name: str, args: list[str], dest: Path, *, workdir: Path, force: b
     the workspace's params.yaml plus the `-S` overrides of `args`, every stage run there in one
     process, the result kept the same way and marked `runner: plain`. For a machine without DVC;
     several may run at once (each in its own workspace, `threads` CPU threads each)."""
-    from scripts import plain
     from self_improve import recipes
 
     if dest.exists() and not force:
@@ -246,20 +247,12 @@ def run_plain(name: str, args: list[str], dest: Path, *, workdir: Path, force: b
     base = (root / "params.yaml").read_text()
     ran = yaml.safe_dump(recipes.apply(yaml.safe_load(base), _set_by(args)), sort_keys=False)
     work = plain.prepare_workspace(workdir / name, ran, root)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-               SELF_IMPROVE_TRACKING="0")
-    if threads:
-        env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    env = with_timings(env, timings)
     print(f"+ plain {name} in {work} (log: {work / 'run.log'})", flush=True)
     t0 = time.perf_counter()
-    with (work / "run.log").open("w") as log:
-        rc = subprocess.run([sys.executable, "-m", "scripts.plain", str(work)], cwd=ROOT, env=env,
-                            stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+    rc = plain.launch(work, threads=threads, env=with_timings({}, timings))
     wall = time.perf_counter() - t0
     if rc != 0:
-        tail = (work / "run.log").read_text(errors="replace").splitlines()[-15:]
-        print(f"{name}: failed (exit {rc}), {work / 'run.log'} ends:\n" + "\n".join(tail), file=sys.stderr, flush=True)
+        print(f"{name}: failed (exit {rc}), {work / 'run.log'} ends:\n" + plain.log_tail(work), file=sys.stderr, flush=True)
         return None
     runner = {"runner": "plain"} | json.loads((work / "device.json").read_text())
     return keep_result(name, args, dest, work, ran=ran, base=base, wall=wall, extra=extra, report_dir=report_dir,
@@ -533,7 +526,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             ap.error("--name (or --variants) is needed to run a variant")
         runs = [(name, params, seed) for seed in args.seeds for name, params in variants.items()]
-        threads = max(1, (os.cpu_count() or 1) // args.jobs)
+        threads = threads_per_job(args.jobs)
         lock = threading.Lock()
 
         def one(run: tuple[str, list[str], int]) -> None:
