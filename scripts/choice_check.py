@@ -10,13 +10,17 @@ paired 95% interval of the gain from it0 below 0, else 2 s.e. of the difference)
 before evaluate recorded the signals have none: the rule keeps it0 on them, and the counts say so.
 Results kept before it recorded the base support are judged on the plain agreement, as the rule does.
 The same counts for other minimum agreement gains (0: any rise beyond noise) show how much the
-default depends on its value.
+default depends on its value. Real-model loops kept before the base support was recorded are counted
+on the plain agreement; the ones replayed with it (`scripts.base_support`, `--replayed`) are counted
+again with their replayed signals, since the supported agreement rises less there than the plain one.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+from pathlib import Path
 
 from scripts.alarm_check import ROOT, history, runs
 from self_improve.choice import MIN_AGREEMENT_GAIN, recommend, unsupported_agreement
@@ -44,16 +48,56 @@ def check(rows: list[dict], min_gain: float = MIN_AGREEMENT_GAIN) -> dict:
             "signals": rows[0].get("lf_agreement") is not None,
             "supported": rows[0].get("lf_supported_agreement") is not None,
             "acc": (chosen["accuracy"], best["accuracy"]),
-            "unsupported_it0": unsupported_agreement(rows[0])}  # not read by the rule
+            "unsupported_it0": unsupported_agreement(rows[0]),  # not read by the rule
+            "moved": moved(rows[0], chosen)}
+
+
+def moved(base: dict, row: dict) -> str:
+    """How the recommended iteration's label-free signals stand against it0's (empty at it0): the low end of
+    the agreement gain the rule read, base support and agreement the base never samples it0 -> there, and
+    distinct answers and the commonest answer's share as a factor of it0's."""
+    if row is base or base.get("lf_agreement") is None:
+        return ""
+    key = "lf_supported_agreement" if base.get("lf_supported_agreement") is not None else "lf_agreement"
+    out = [f"low end {row[f'{key}_gain_lo']:+.3f}"]
+    if base.get("lf_base_support") is not None:
+        out.append(f"support {base['lf_base_support']:.3f} -> {row['lf_base_support']:.3f}")
+        out.append(f"never sampled {unsupported_agreement(base):.3f} -> {unsupported_agreement(row):.3f}")
+    for k, what in (("lf_distinct", "distinct"), ("lf_mode_share", "commonest")):
+        if base.get(k) and row.get(k) is not None:
+            out.append(f"{what} x{row[k] / base[k]:.2f}")
+    return "; ".join(out)
+
+
+def replayed(path, kept: dict[str, list[dict]]) -> list[tuple[str, list[dict]]]:
+    """The kept runs that `scripts.base_support` replayed with the base support (its JSON: `run`, the
+    loop's directory name, `gpu-` for the H200 runs, and `history`): each kept run's rows with the
+    replayed label-free signals in place of the recorded ones. A replay whose held-out accuracies differ
+    from the kept run's is not the same loop: an error naming it."""
+    out = []
+    for res in json.loads(Path(path).read_text()):
+        run = res["run"]
+        name = (f"smollm2_v2_gpu/{run.removeprefix('gpu-')}" if run.startswith("gpu-") else f"smollm2_v2/{run}")
+        if name not in kept:
+            raise SystemExit(f"{path}: replayed run {run!r} has no kept result reports/{name}.json")
+        rows, new = kept[name], {r["iteration"]: r for r in res["history"]}
+        if [r["iteration"] for r in rows] != list(new) or any(
+                abs(r["accuracy"] - new[r["iteration"]]["accuracy"]) > 1e-9 for r in rows):
+            raise SystemExit(f"{path}: replayed run {run!r} is not reports/{name}.json (iterations or held-out accuracy differ)")
+        out.append((name, [{**{k: v for k, v in r.items() if not k.startswith("lf_")},
+                            **{k: v for k, v in new[r["iteration"]].items() if k.startswith("lf_")}} for r in rows]))
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="reports/choice_check.md")
+    ap.add_argument("--replayed", default="reports/base_support_smollm2.json",
+                    help="scripts.base_support's JSON: real-model loops replayed with the base support")
     args = ap.parse_args(argv)
-    lines = ["| run | signals (supported: with the base support) | recommended | held-out there | best held-out | within 1 s.e. | below it0 beyond noise | it0 agreement the base never samples |",
-             "|---|---|---|---|---|---|---|---|"]
-    done, kept = [], []  # each run's check and its per-iteration rows
+    lines = ["| run | signals (supported: with the base support) | recommended | held-out there | best held-out | within 1 s.e. | below it0 beyond noise | it0 agreement the base never samples | signals there against it0 |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    done, kept, by_name = [], [], {}  # each run's check and its per-iteration rows
     for name, result in runs():
         rows = history(result)
         if len(rows) < 2 or rows[0].get("iteration") != "it0" or any(r.get("accuracy_se") is None for r in rows):
@@ -61,10 +105,11 @@ def main(argv: list[str] | None = None) -> None:
         c = check(rows)
         done.append(c)
         kept.append(rows)
+        by_name[name] = rows
         lines.append(f"| {name} | {'supported' if c['supported'] else 'yes' if c['signals'] else 'no'} | {c['recommended']} | {c['acc'][0]:.3f} | "
                      f"{c['best']} ({c['acc'][1]:.3f}) | {'yes' if c['within'] else 'NO'} | "
                      f"{'YES' if c['below_it0'] else 'no'} | "
-                     f"{'' if c['unsupported_it0'] is None else format(c['unsupported_it0'], '.3f')} |")
+                     f"{'' if c['unsupported_it0'] is None else format(c['unsupported_it0'], '.3f')} | {c['moved']} |")
 
     def counts(cs: list[dict]) -> str:
         if not cs:
@@ -85,6 +130,15 @@ def main(argv: list[str] | None = None) -> None:
             (f"Runs without the signals (kept before they were recorded, or a task without rewrites) "
              f"({len(done) - len(with_signals)}): the rule keeps it0 on them (no signal, do no harm)."),
             f"With other minimum agreement gains (of {len(kept)}): {sensitivity}.", ""]
+    again = replayed(ROOT / args.replayed, by_name)
+    replay = []
+    for m in SENSITIVITY:
+        cs = [(name, check(rows, m)) for name, rows in again]
+        missed = [f"{name} ({c['recommended']}, best {c['best']})" for name, c in cs if not c["within"]]
+        replay.append(f"{m:.2f}: {sum(c['within'] for _, c in cs)} within, {sum(c['below_it0'] for _, c in cs)} below"
+                      + (f" (not within: {', '.join(missed)})" if missed else ""))
+    head.insert(-1, f"The {len(again)} real-model loops kept before the base support, replayed with it ({args.replayed}, "
+                    f"scripts.base_support), at each minimum agreement gain: {'; '.join(replay)}.")
     text = "\n".join(head + lines) + "\n"
     (ROOT / args.out).write_text(text)
     print(text)

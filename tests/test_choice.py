@@ -1,6 +1,8 @@
 """Choosing an iteration without labels (self_improve/choice.py): the signals on known answers, the
 rule on known histories, the rewrites evaluate asks the second wording with."""
 
+import json
+
 import pandas as pd
 import pytest
 
@@ -166,3 +168,22 @@ def test_rewritten_asks_each_test_time_problem_once_more_in_other_words(name):
         assert row.prompt != posed.loc[row.prompt_id, "prompt"]
         assert task.verify(row.answer, posed.loc[row.prompt_id, "answer"])
         assert task.parse(row.prompt).key == task.parse(posed.loc[row.prompt_id, "prompt"]).key
+
+
+def test_choice_check_counts_replayed_loops_on_their_replayed_signals(tmp_path):
+    from scripts.choice_check import replayed
+    kept = {"smollm2_v2_gpu/run-s0": [{"iteration": "it0", "accuracy": 0.2, "lf_agreement": 0.1},
+                                      {"iteration": "it1", "accuracy": 0.3, "lf_agreement": 0.4}]}
+    replay = [{"run": "gpu-run-s0", "history": [{"iteration": "it0", "accuracy": 0.2, "lf_supported_agreement": 0.1},
+                                                {"iteration": "it1", "accuracy": 0.3, "lf_supported_agreement": 0.2}]}]
+    path = tmp_path / "replay.json"
+    path.write_text(json.dumps(replay))
+    [(name, rows)] = replayed(path, kept)
+    assert name == "smollm2_v2_gpu/run-s0"
+    assert rows[1] == {"iteration": "it1", "accuracy": 0.3, "lf_supported_agreement": 0.2}  # recorded lf_* replaced
+    replay[0]["history"][1]["accuracy"] = 0.31  # not the kept loop
+    path.write_text(json.dumps(replay))
+    with pytest.raises(SystemExit, match="gpu-run-s0.*held-out accuracy differ"):
+        replayed(path, kept)
+    with pytest.raises(SystemExit, match="no kept result"):
+        replayed(path, {})
