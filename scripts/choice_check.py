@@ -74,8 +74,12 @@ def replayed(path, kept: dict[str, list[dict]]) -> list[tuple[str, list[dict]]]:
     loop's directory name, `gpu-` for the H200 runs, and `history`): each kept run's rows with the
     replayed label-free signals in place of the recorded ones. A replay whose held-out accuracies differ
     from the kept run's is not the same loop: an error naming it."""
+    try:
+        replays = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"--replayed {path}: {err}") from None
     out = []
-    for res in json.loads(Path(path).read_text()):
+    for res in replays:
         run = res["run"]
         name = (f"smollm2_v2_gpu/{run.removeprefix('gpu-')}" if run.startswith("gpu-") else f"smollm2_v2/{run}")
         if name not in kept:

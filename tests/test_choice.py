@@ -187,3 +187,5 @@ def test_choice_check_counts_replayed_loops_on_their_replayed_signals(tmp_path):
         replayed(path, kept)
     with pytest.raises(SystemExit, match="no kept result"):
         replayed(path, {})
+    with pytest.raises(SystemExit, match="--replayed .*missing.json"):
+        replayed(tmp_path / "missing.json", kept)
