@@ -71,25 +71,27 @@ def moved(base: dict, row: dict) -> str:
 
 def replayed(path, kept: dict[str, list[dict]]) -> list[tuple[str, list[dict]]]:
     """The kept runs that `scripts.base_support` replayed with the base support (its JSON: `run`, the
-    loop's directory name, `gpu-` for the H200 runs, and `history`): each kept run's rows with the
-    replayed label-free signals in place of the recorded ones. A replay whose held-out accuracies differ
-    from the kept run's is not the same loop: an error naming it."""
+    loop's directory name, which may carry a prefix such as `gpu-`, and `history`): each kept run's rows
+    with the replayed label-free signals in place of the recorded ones. The kept run is the one of that
+    name (prefix or not) whose iterations and held-out accuracies are the replay's; none, or more than
+    one: an error naming the run."""
     try:
         replays = json.loads(Path(path).read_text())
     except (OSError, ValueError) as err:
         raise SystemExit(f"--replayed {path}: {err}") from None
     out = []
     for res in replays:
-        run = res["run"]
-        name = (f"smollm2_v2_gpu/{run.removeprefix('gpu-')}" if run.startswith("gpu-") else f"smollm2_v2/{run}")
-        if name not in kept:
-            raise SystemExit(f"{path}: replayed run {run!r} has no kept result reports/{name}.json")
-        rows, new = kept[name], {r["iteration"]: r for r in res["history"]}
-        if [r["iteration"] for r in rows] != list(new) or any(
-                abs(r["accuracy"] - new[r["iteration"]]["accuracy"]) > 1e-9 for r in rows):
-            raise SystemExit(f"{path}: replayed run {run!r} is not reports/{name}.json (iterations or held-out accuracy differ)")
-        out.append((name, [{**{k: v for k, v in r.items() if not k.startswith("lf_")},
-                            **{k: v for k, v in new[r["iteration"]].items() if k.startswith("lf_")}} for r in rows]))
+        run, new = res["run"], {r["iteration"]: r for r in res["history"]}
+        same = [name for name, rows in kept.items()
+                if (leaf := name.rsplit("/", 1)[-1]) and (run == leaf or run.endswith(f"-{leaf}"))
+                and [r["iteration"] for r in rows] == list(new)
+                and all(abs(r["accuracy"] - new[r["iteration"]]["accuracy"]) < 1e-9 for r in rows)]
+        if len(same) != 1:
+            raise SystemExit(f"{path}: replayed run {run!r} matches {len(same)} kept results by name and held-out "
+                             f"accuracy ({', '.join(same) or 'none'}), not one")
+        out.append((same[0], [{**{k: v for k, v in r.items() if not k.startswith("lf_")},
+                               **{k: v for k, v in new[r["iteration"]].items() if k.startswith("lf_")}}
+                              for r in kept[same[0]]]))
     return out
 
 
