@@ -124,8 +124,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.out is not None and results and not failed:  # a partial table is printed, never kept
         args.out.parent.mkdir(parents=True, exist_ok=True)
         cmd = " ".join(["python -m scripts.base_screen --workdir DIR --seeds", *args.seeds, *(f"-S {p}" for p in args.params),
-                        *([f"--above {args.above:g}"] if args.above is not None else [])])
-        args.out.write_text(f"Each seed's base model, made and evaluated without a loop (`{cmd}`).\n\n" + text)
+                        f"--jobs {args.jobs}", *([f"--above {args.above:g}"] if args.above is not None else [])])
+        args.out.write_text(f"Each seed's base model, made and evaluated without a loop (`{cmd}`), {threads} CPU "
+                            f"thread{'s' if threads > 1 else ''} a process, as `scripts.seeds --plain --jobs {args.jobs}` "
+                            "makes a loop's it0 on the same machine: the tiny model's figures depend on the thread count.\n\n"
+                            + text)
     print(text, end="")
     if failed:
         raise SystemExit(f"base stages failed on seeds {', '.join(map(str, failed))} (their logs: {args.workdir}/s<seed>/run.log)")
