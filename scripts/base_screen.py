@@ -55,6 +55,16 @@ def params_text(seed: int, overrides: list[str], root: Path = ROOT) -> str:
     return yaml.safe_dump(raw, sort_keys=False)
 
 
+def with_recipe(recipe: str | None, overrides: list[str]) -> list[str]:
+    """A recipe's assignments (configs/recipes/<name>.yaml or a YAML path) followed by the `-S` ones,
+    which win where both set a key; without a recipe, the `-S` ones."""
+    try:
+        pre = recipes.load(recipe) if recipe else {}
+    except ConfigError as err:
+        raise SystemExit(f"--recipe: {err}") from None
+    return [f"{k}={recipes.render(v)}" for k, v in pre.items()] + overrides
+
+
 def screen_one(seed: int, overrides: list[str], workdir: Path, *, force: bool = False, root: Path = ROOT,
                threads: int | None = None) -> dict:
     """One seed's base made and evaluated in `workdir`/s<seed> (or read there when done already):
@@ -94,6 +104,8 @@ def table(results: dict[int, dict], above: float | None = None) -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", nargs="+", required=True, help="seeds and ranges: 14-33 40")
+    ap.add_argument("--recipe", default=None,
+                    help="configs/recipes/<name>.yaml (or a YAML path) under the -S overrides: smollm2-v2 screens SmolLM2 bases")
     ap.add_argument("-S", "--set-param", action="append", default=[], dest="params",
                     help="a params override, as `dvc exp run -S` takes it (repeatable)")
     ap.add_argument("--workdir", type=Path, required=True, help="one workspace per seed: WORKDIR/s<seed>")
@@ -106,13 +118,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.jobs < 1:
         ap.error("--jobs: a positive number")
     seeds = parse_seeds(args.seeds)
+    overrides = with_recipe(args.recipe, args.params)
     try:
-        params_text(seeds[0], args.params)  # a bad override stops here, before any workspace is made
+        params_text(seeds[0], overrides)  # a bad override stops here, before any workspace is made
     except ConfigError as err:
         raise SystemExit(f"-S: {err}") from None
     threads = plain.threads_per_job(args.jobs)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = {s: pool.submit(screen_one, s, args.params, args.workdir, force=args.force, threads=threads) for s in seeds}
+        futures = {s: pool.submit(screen_one, s, overrides, args.workdir, force=args.force, threads=threads) for s in seeds}
         results, failed = {}, []
         for s, fut in futures.items():
             try:
@@ -123,7 +136,8 @@ def main(argv: list[str] | None = None) -> None:
     text = table(results, args.above)
     if args.out is not None and results and not failed:  # a partial table is printed, never kept
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        cmd = " ".join(["python -m scripts.base_screen --workdir DIR --seeds", *args.seeds, *(f"-S {p}" for p in args.params),
+        cmd = " ".join(["python -m scripts.base_screen --workdir DIR --seeds", *args.seeds,
+                        *([f"--recipe {args.recipe}"] if args.recipe else []), *(f"-S {p}" for p in args.params),
                         f"--jobs {args.jobs}", *([f"--above {args.above:g}"] if args.above is not None else [])])
         args.out.write_text(f"Each seed's base model, made and evaluated without a loop (`{cmd}`), {threads} CPU "
                             f"thread{'s' if threads > 1 else ''} a process, as `scripts.seeds --plain --jobs {args.jobs}` "

@@ -39,6 +39,19 @@ def test_a_seed_override_or_a_malformed_one_is_refused_before_any_workspace(tmp_
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.unit
+def test_a_recipe_sets_the_params_under_the_overrides_and_a_missing_one_is_refused(tmp_path):
+    import yaml
+    raw = yaml.safe_load(base_screen.params_text(4, base_screen.with_recipe("smollm2-v2", ["task.heldout_size=64"])))
+    assert raw["seed"] == 4 and raw["model"]["base"] == "models/smollm2-135m-instruct"
+    assert raw["task"]["instruction"] == "Answer with the final number only."  # a recipe string read back whole
+    assert raw["task"]["heldout_size"] == 64 and raw["task"]["ttt_size"] == 128  # -S wins where both set a key
+    assert base_screen.with_recipe(None, ["a=1"]) == ["a=1"]
+    with pytest.raises(SystemExit, match="--recipe: recipe nope.*not found"):
+        base_screen.main(["--seeds", "1", "--recipe", "nope", "--workdir", str(tmp_path / "w")])
+    assert not (tmp_path / "w").exists()
+
+
 @pytest.mark.loop
 def test_a_failing_base_names_the_seed_and_keeps_no_table(tmp_path, capsys):
     out = tmp_path / "screen.md"
