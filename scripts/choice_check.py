@@ -49,17 +49,17 @@ def check(rows: list[dict], min_gain: float = MIN_AGREEMENT_GAIN) -> dict:
             "supported": rows[0].get("lf_supported_agreement") is not None,
             "acc": (chosen["accuracy"], best["accuracy"]),
             "unsupported_it0": unsupported_agreement(rows[0]),  # not read by the rule
-            "moved": moved(rows[0], chosen)}
+            "moved": moved(rows[0], chosen, rec["rows"].get(chosen["iteration"], {}).get("agreement_gain_lo"))}
 
 
-def moved(base: dict, row: dict) -> str:
-    """How the recommended iteration's label-free signals stand against it0's (empty at it0): the low end of
-    the agreement gain the rule read, base support and agreement the base never samples it0 -> there, and
-    distinct answers and the commonest answer's share as a factor of it0's."""
-    if row is base or base.get("lf_agreement") is None:
+def moved(base: dict, row: dict, gain_lo: float | None) -> str:
+    """How the recommended iteration's label-free signals stand against it0's (empty at it0): `gain_lo`,
+    the low end of the agreement gain the rule read there (`recommend`'s rows), base support and agreement
+    the base never samples it0 -> there, and distinct answers and the commonest answer's share as a
+    factor of it0's."""
+    if row is base or gain_lo is None:
         return ""
-    key = "lf_supported_agreement" if base.get("lf_supported_agreement") is not None else "lf_agreement"
-    out = [f"low end {row[f'{key}_gain_lo']:+.3f}"]
+    out = [f"low end {gain_lo:+.3f}"]
     if base.get("lf_base_support") is not None:
         out.append(f"support {base['lf_base_support']:.3f} -> {row['lf_base_support']:.3f}")
         out.append(f"never sampled {unsupported_agreement(base):.3f} -> {unsupported_agreement(row):.3f}")

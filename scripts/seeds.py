@@ -39,7 +39,6 @@ import pandas as pd
 import yaml
 
 from scripts import plain
-from scripts.plain import threads_per_job
 from self_improve import artifacts as art
 from self_improve.choice import SIGNALS
 from self_improve.recipes import flatten, parse_assignment
@@ -526,7 +525,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             ap.error("--name (or --variants) is needed to run a variant")
         runs = [(name, params, seed) for seed in args.seeds for name, params in variants.items()]
-        threads = threads_per_job(args.jobs)
+        threads = plain.threads_per_job(args.jobs)
         lock = threading.Lock()
 
         def one(run: tuple[str, list[str], int]) -> None:
