@@ -50,14 +50,14 @@ test-slow: install  ## the real-model tests: a one-iteration loop on SmolLM2-135
 	$(PY) -m pytest -m slow
 
 # The real-model recipes: word problems at SmolLM2-135M's level (see README, Real tasks on a real model).
-# The SmolLM2-135M-Instruct recipes are files, configs/recipes/<RECIPE>.yaml (smollm2-v2: sized to see 5
-# points, the default; smollm2-v1: the first, smaller one); `python -m self_improve.recipes` prints one as
+# The SmolLM2-135M-Instruct recipes are files, configs/recipes/<RECIPE>.yaml (smollm2-v3: sized to see 5
+# points and stratified by operation, the default; smollm2-v2 before the stratification; smollm2-v1: the first, smaller one); `python -m self_improve.recipes` prints one as
 # `-S key=value` arguments, with ENGINE (sample.backend) and TEMP (sample.temperature) on top.
 SMOL := models/smollm2-135m-instruct
 JUDGE ?= co_reward
 SEED ?= 0
 ENGINE ?= ct2
-RECIPE ?= smollm2-v2
+RECIPE ?= smollm2-v3
 SMOL_RECIPE = $(shell $(PY) -m self_improve.recipes $(RECIPE) -S sample.backend=$(ENGINE) $(if $(TEMP),-S sample.temperature=$(TEMP)))
 
 loop-smollm2: smollm2  ## the loop on SmolLM2-135M-Instruct, word problems, as DVC experiment smol-JUDGE-sSEED (JUDGE=co_reward SEED=0 ENGINE=ct2|hf; TARGET=evaluate@it2 stops there)
@@ -67,7 +67,7 @@ loop-comas: smollm2  ## CoMAS on SmolLM2-135M-Instruct: 2 agents solve, evaluate
 	$(PY) -m scripts.comas_pipeline
 	dvc exp run -n comas-s$(SEED) $(SMOL_RECIPE) $(shell $(PY) -m self_improve.recipes comas) -S seed=$(SEED) comas/dvc.yaml
 
-loops-smollm2: smollm2  ## the real-model comparison: each judge over seeds, results to reports/smollm2_v2/ (RECIPE=smollm2-v1: reports/smollm2/; JUDGES=..., SEEDS=...)
+loops-smollm2: smollm2  ## the real-model comparison: each judge over seeds, results to reports/smollm2_v3/ (RECIPE=smollm2-v1: reports/smollm2/; JUDGES=..., SEEDS=...)
 	$(PY) -m scripts.real_loops --recipe $(RECIPE) --judges $(or $(JUDGES),verifier co_reward majority_vote) --seeds $(or $(SEEDS),0 1 2)
 
 gap-smollm2: smollm2  ## every judge and label-free rule on SmolLM2's own samples before any loop (reports/gap_smollm2.*; RECIPE=smollm2-v1 the old sizes)

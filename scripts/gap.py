@@ -196,6 +196,10 @@ RULES = {  # name -> judge and pairs overrides: today's judges and the label-fre
     "self_harmony+validity_any": {"method": "co_reward", "cross_view": "harmonic", "validity": True, "restates": "any"},
     "scpo+validity_any": {"method": "vote_share", "min_share": 0.5, "validity": True, "restates": "any",
                           "pairs.weight": "margin"},
+    # the control arms (judges/controls.py); random's pair budget is the controlled rule's, set with -S pairs.max_pairs
+    "random": {"method": "random"},
+    "format": {"method": "format"},
+    "validity_only": {"method": "validity_only", "restates": "any"},  # the check of the +validity_any rules
 }
 
 

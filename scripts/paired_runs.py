@@ -32,7 +32,7 @@ class RunsDiffer(ValueError):
 
 def load(run: Path) -> pd.DataFrame:
     path = run / ANSWERS if run.is_dir() else run
-    return art.read_table(path, art.KEPT_EVAL)
+    return art.read_table(path, art.KEPT_EVAL_COMMON)
 
 
 def compare(a: pd.DataFrame, b: pd.DataFrame, *, which: str = "heldout", iterations: list[str] | None = None,

@@ -34,7 +34,7 @@ from scripts.seeds import ROOT, run_experiment, run_plain, write_reports
 from self_improve import recipes
 
 OUTS = {"smollm2-v1": ROOT / "reports" / "smollm2", "smollm2-v2": ROOT / "reports" / "smollm2_v2",
-        "smollm2-gym": ROOT / "reports" / "smollm2_gym"}
+        "smollm2-v3": ROOT / "reports" / "smollm2_v3", "smollm2-gym": ROOT / "reports" / "smollm2_gym"}
 
 
 def recipe(name: str) -> list[str]:
@@ -48,7 +48,7 @@ def judge_overrides(judge: str) -> list[str]:
     return recipes.set_args(rule_overrides(judge))
 
 
-def run_one(judge: str, seed: int, force: bool, recipe_name: str = "smollm2-v2", *, out: Path | None = None,
+def run_one(judge: str, seed: int, force: bool, recipe_name: str = "smollm2-v3", *, out: Path | None = None,
             sets: list[str] = (), tag: str = "", plain: Path | None = None, threads: int | None = None) -> Path | None:
     """One (judge, seed): a DVC experiment, or with `plain` the same stages without DVC (scripts/plain.py)
     in `plain`/<name>. `sets`: more `key=value` overrides after the judge's; `tag` prefixes the name."""
@@ -68,8 +68,8 @@ def run_one(judge: str, seed: int, force: bool, recipe_name: str = "smollm2-v2",
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--judges", nargs="*", default=[], help="judge.method, llm_judge:<mode>, or a rule of scripts/gap.py")
-    ap.add_argument("--recipe", choices=sorted(OUTS), default="smollm2-v2",
-                    help="configs/recipes/<name>.yaml (smollm2-v2: sized to see 5 points)")
+    ap.add_argument("--recipe", choices=sorted(OUTS), default="smollm2-v3",
+                    help="configs/recipes/<name>.yaml (smollm2-v3: word problems stratified by operation)")
     ap.add_argument("--seeds", nargs="*", type=int, default=[0])
     ap.add_argument("-S", "--set-param", dest="sets", action="append", default=[],
                     help="one more override for every run, as `dvc exp run -S` takes it (repeatable)")

@@ -107,6 +107,7 @@ EVAL = pa.schema(  # evaluate: each problem's greedy answer, so two iterations c
         ("set", pa.string()),  # heldout | ttt | ttt_view (a rewrite of each test-time problem) | ttt_sample (it0 only:
         # its sampled answers to both wordings, evaluate.support_k per problem and wording, the label-free base support)
         ("prompt_id", pa.string()),
+        ("category", pa.string()),  # the problem's (an operation, a dataset), for per-category rows
         ("answer", pa.string()),
         ("response", pa.string()),
         ("pred", pa.string()),
@@ -119,8 +120,11 @@ EVAL = pa.schema(  # evaluate: each problem's greedy answer, so two iterations c
 )
 
 # A kept run's answers (scripts/seeds.py keep_answers: every iteration's EVAL rows in one file under
-# reports/): EVAL without the response texts, which make it large and which nothing compares.
-KEPT_EVAL = pa.schema([f for f in EVAL if f.name != "response"])
+# reports/): EVAL whole, response texts and categories included, so that a claim can be re-read
+# problem by problem after the workspace is gone.
+KEPT_EVAL = EVAL
+# what every kept run has, those kept before the responses and categories were included too
+KEPT_EVAL_COMMON = pa.schema([f for f in EVAL if f.name not in ("response", "category")])
 
 # What evaluate keeps of an iteration for the report (reports/iterations/<it>/examples.json and the
 # category mix in metrics.json): the columns of its example tables and the mix metrics' prefix.

@@ -31,6 +31,7 @@ from self_improve.config import (
 )
 from self_improve.engines.hf import SamplingSpec, generate
 from self_improve.engines.sampler import Sampler
+from self_improve.floors import metric_name
 from self_improve.judges import (
     REGISTRY,
     JudgeContext,
@@ -124,7 +125,8 @@ def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cf
         res = sampler.generate(list(df["prompt"]), greedy, seed, desc=name or set_name, progress=progress)
         preds = [task.extract(r[0]).answer for r in res]
         if answers is not None:
-            answers += [{"set": set_name, "prompt_id": pid, "answer": gold, "response": r[0], "pred": pred,
+            answers += [{"set": set_name, "prompt_id": pid, "category": cat if isinstance(cat, str) else None,
+                         "answer": gold, "response": r[0], "pred": pred,
                          "correct": float(task.verify(pred, gold, cat if isinstance(cat, str) else None)),
                          "truncated": t[0],
                          "valid": valid(prompt, r[0], pred), "restates": restates(prompt, pred)}
@@ -140,8 +142,8 @@ def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cf
         if cats.nunique() > 1:  # per category (a word_math level, a reasoning-gym dataset): `<name>/<category>`
             for cat in sorted(cats.unique()):
                 on = (cats == cat).to_numpy()
-                out[f"{name}/{re.sub(r'[^A-Za-z0-9_. -]', '_', cat)}"] = accuracy([p for p, o in zip(preds, on) if o], list(df["answer"][on]), task,
-                                                list(df["category"][on]))
+                out[f"{name}/{metric_name(cat)}"] = accuracy([p for p, o in zip(preds, on) if o], list(df["answer"][on]),
+                                                             task, list(df["category"][on]))
         out[size] = len(df)
         cut += [t[0] for t in res.truncated]
         failed += [p is None for p in preds]
@@ -167,7 +169,8 @@ def support_samples(sampler: Sampler, df: pd.DataFrame, cfg: EvaluateConfig, see
     spec = SamplingSpec(n=cfg.support_k, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                         batch_size=cfg.batch_size)
     drawn = sampler.generate(list(df["prompt"]), spec, seed, desc=desc, progress=progress)
-    return [{"set": choice.SAMPLE_SET, "prompt_id": pid, "answer": gold, "response": x,
+    return [{"set": choice.SAMPLE_SET, "prompt_id": pid, "category": cat if isinstance(cat, str) else None,
+             "answer": gold, "response": x,
              "pred": (pred := task.extract(x).answer),
              "correct": float(task.verify(pred, gold, cat if isinstance(cat, str) else None)),
              "truncated": t, "valid": None, "restates": None}
@@ -219,16 +222,36 @@ def frozen_yes(answers: pd.DataFrame, ttt: pd.DataFrame, params: Params, base: s
 def gains(base: pd.DataFrame, new: pd.DataFrame) -> dict[str, float]:
     """The gain in greedy accuracy from the base model's answers to these, on the problems both
     answered, with its paired bootstrap 95% interval: `accuracy_gain`, `accuracy_gain_lo`, ...;
-    for `ttt_accuracy` likewise."""
+    for `ttt_accuracy` likewise; and per category where a set has several (`accuracy_gain/<category>`,
+    `accuracy_gain_lo/<category>`, ...)."""
     out: dict[str, float] = {}
     for name, set_name, _ in SETS:
         b = base[base["set"] == set_name].set_index("prompt_id")["correct"]
-        n = new[new["set"] == set_name].set_index("prompt_id")["correct"]
+        rows = new[new["set"] == set_name]
+        n = rows.set_index("prompt_id")["correct"]
         both = b.index.intersection(n.index)
-        g = paired_gain(b.loc[both], n.loc[both]) if len(both) else None
-        if g is not None:
-            out.update({f"{name}_gain": g["gain"], f"{name}_gain_lo": g["lo"], f"{name}_gain_hi": g["hi"]})
+        cats = rows.set_index("prompt_id")["category"].fillna("(none)") if "category" in rows else None
+        parts = [("", both)]
+        if cats is not None and cats.loc[both].nunique() > 1:
+            parts += [(f"/{metric_name(c)}", both[(cats.loc[both] == c).to_numpy()])
+                      for c in sorted(cats.loc[both].unique())]
+        for tail, ids in parts:
+            g = paired_gain(b.loc[ids], n.loc[ids]) if len(ids) else None
+            if g is not None:
+                out.update({f"{name}_gain{tail}": g["gain"], f"{name}_gain_lo{tail}": g["lo"],
+                            f"{name}_gain_hi{tail}": g["hi"]})
     return out
+
+
+def train_coverage(prompts: pd.DataFrame, heldout: pd.DataFrame) -> dict[str, float]:
+    """`train_coverage`: over the held-out set's categories, the lowest ratio of a category's share of
+    the iteration's prompts to its share of the held-out set (1: trained as often as evaluated; 0: a
+    category evaluated and never trained on). None for a held-out set of one category or none."""
+    held = heldout["category"].fillna("(none)").value_counts(normalize=True)
+    if len(held) < 2 or prompts.empty:
+        return {}
+    mix = prompts["category"].fillna("(none)").value_counts(normalize=True)
+    return {"train_coverage": float(min(mix.get(c, 0.0) / share for c, share in held.items()))}
 
 
 def head_to_head(new: ModelHandle, old: ModelHandle, heldout: pd.DataFrame, judge_cfg: JudgeConfig,

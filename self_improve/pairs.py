@@ -7,6 +7,7 @@ broken by a seeded RNG. CREAM's consistency travels with each pair. Where the ju
 validity check, an invalid sample is never chosen (nor kept for RAFT) and, among the lowest-reward
 samples, an invalid one is rejected first. `pairs.weight: margin` gives each pair its reward margin
 as its weight in the loss (ScPO: with vote_share rewards, (votes for chosen - votes for rejected) / k).
+`pairs.max_pairs` keeps a seeded draw of at most that many pairs (a control arm's pair budget).
 
 For `spin` the pairs are SPIN's instead: on the seed-data prompts (source `seed`, as posed),
 chosen = the seed data's reference answer, rejected = one of the model's own samples that
@@ -69,6 +70,9 @@ def build(judgments: pd.DataFrame, cfg: PairsConfig, seed: int) -> tuple[pd.Data
                       "chosen_correct": c["correct"], "rejected_correct": w["correct"],
                       "consistency": _value(c.get("consistency")),
                       "weight": hi - lo if cfg.weight == PairWeight.margin else None})
+    if cfg.max_pairs is not None and len(pairs) > cfg.max_pairs:  # a control arm's pair budget
+        keep = sorted(rng.sample(range(len(pairs)), cfg.max_pairs))
+        pairs = [pairs[i] for i in keep]
     return pd.DataFrame(pairs, columns=art.PAIRS.names), pd.DataFrame(best, columns=art.SFT.names)
 
 

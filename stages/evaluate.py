@@ -28,7 +28,9 @@ from self_improve.evaluation import (
     model_metrics,
     pair_examples,
     records,
+    train_coverage,
 )
+from self_improve.floors import floor_metrics, floor_table
 from self_improve.judges import (
     REGISTRY,
     ModelHandle,
@@ -90,6 +92,7 @@ def main(argv: list[str] | None = None) -> None:
         base_eval = art.read_table(args.base_eval, art.EVAL) if args.base_eval else None
         if base_eval is not None:
             metrics.update(gains(base_eval, answers_df))
+        metrics.update(floor_metrics(floor_table(task, heldout, ttt), answers_df))  # the shortcut floors
         metrics.update(choice.signals(answers_df, base_eval))
         if args.prev_model and task.open_ended:  # open prompts: the new model against the old
             load = dict(security=params.security, base=args.base, model_cfg=params.model)
@@ -112,6 +115,7 @@ def main(argv: list[str] | None = None) -> None:
             if args.prompts:
                 prompts = art.read_table(args.prompts, art.PROMPTS)
                 metrics.update(category_mix(prompts))
+                metrics.update(train_coverage(prompts, heldout))
                 examples["datasets"]["prompts"] = dataset_record(args.prompts, prompts)
         else:
             metrics.update({k: v for k, v in train.items() if isinstance(v, (int, float))})

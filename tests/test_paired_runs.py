@@ -18,7 +18,7 @@ def eval_rows(it: str, correct: list[int], *, which: str = "heldout", gold: list
               ids: list[str] | None = None) -> pd.DataFrame:
     n = len(correct)
     return pd.DataFrame({"iteration": it, "set": which, "prompt_id": ids or [f"h{i}" for i in range(n)],
-                         "answer": gold or [str(i) for i in range(n)], "response": "long text " * 20,
+                         "category": ["add", "mul"] * (n // 2) + ["add"] * (n % 2), "answer": gold or [str(i) for i in range(n)], "response": "long text " * 20,
                          "pred": [str(i) if c else "x" for i, c in enumerate(correct)],
                          "correct": [float(c) for c in correct], "truncated": False, "valid": True,
                          "restates": False, "frozen_yes": None})
@@ -33,7 +33,7 @@ def kept_run(tmp_path, name: str, per_it: dict[str, list[int]], **kw) -> pd.Data
 
 
 @pytest.mark.unit
-def test_a_kept_workspace_keeps_every_iterations_answers_without_the_texts(tmp_path):
+def test_a_kept_workspace_keeps_every_iterations_answers_with_their_texts_and_categories(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     shutil.copy2(ROOT / "params.yaml", work / "params.yaml")  # loop: it1..it3
@@ -43,7 +43,8 @@ def test_a_kept_workspace_keeps_every_iterations_answers_without_the_texts(tmp_p
     (work / "data" / "it9").mkdir()  # an iteration the params do not list (left by an older run)
     art.write_table(eval_rows("it9", [0, 0, 0]), work / "data" / "it9" / "eval.parquet", art.EVAL)
     kept = art.read_table(keep_answers(work, tmp_path / "answers.parquet"), art.KEPT_EVAL)
-    assert "response" not in kept.columns
+    assert list(kept.columns) == art.EVAL.names  # responses and categories: a claim re-read after the workspace is gone
+    assert (kept["response"] == "long text " * 20).all() and list(kept["category"][:3]) == ["add", "mul", "add"]
     assert kept.groupby("iteration")["correct"].sum().to_dict() == {"it0": 1.0, "it1": 2.0}
     (tmp_path / "unevaluated").mkdir()
     shutil.copy2(ROOT / "params.yaml", tmp_path / "unevaluated" / "params.yaml")

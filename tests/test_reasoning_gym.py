@@ -7,6 +7,7 @@ import yaml
 from self_improve import artifacts as art
 from self_improve.config import TaskConfig
 from self_improve.errors import ConfigError
+from self_improve.floors import metric_name
 from self_improve.tasks import task_for
 
 from .conftest import ROOT
@@ -42,10 +43,39 @@ def test_sets_are_seeded_disjoint_by_content_and_split_by_weight():
     assert len(held) == 40 and len(ttt) == 20 and len(seed) == 30
     assert not held & ttt and not held & seed and not ttt & seed
     # weights 1, 1, 0.5, 1 of 40: 11.4, 11.4, 5.7, 11.4 -> 12, 11, 6, 11 (largest remainders, ties to the first)
-    assert a.heldout["category"].value_counts().to_dict() == {"chain_sum-2": 12, "chain_sum-3": 11,
-                                                               "basic_arithmetic": 6, "gsm_symbolic": 11}
-    assert task.categories(a) == sorted({"chain_sum-2", "chain_sum-3", "basic_arithmetic", "gsm_symbolic"})
+    entries = a.heldout["category"].map(task.entry_label)
+    assert entries.value_counts().to_dict() == {"chain_sum-2": 12, "chain_sum-3": 11,
+                                                "basic_arithmetic": 6, "gsm_symbolic": 11}
+    # an arithmetic expression's category names its operations: a policy that learns one of them shows
+    for cat, question in zip(a.heldout["category"], a.heldout["prompt"]):
+        entry, _, ops = cat.partition(".")
+        if entry == "gsm_symbolic":
+            assert not ops  # a word problem has no expression in its metadata
+            continue
+        assert ops and all(op in ("add", "sub", "mul", "div") for op in ops.split("+")), cat
+        assert ("+" in question.split("\n")[0]) == ("add" in ops.split("+")), (cat, question)
+    assert task.categories(a) == sorted(set(a.heldout["category"]) | set(a.ttt["category"]))
     assert all(p.endswith("\nAnswer with the final number only.") for p in a.heldout["prompt"])
+
+
+def test_a_category_names_its_entry_and_its_operations():
+    from self_improve.tasks.reasoning_gym import category_of
+
+    assert category_of("chain_sum-2x12", {"expression": "34 - 21"}) == "chain_sum-2x12.sub"
+    assert category_of("basic_arithmetic", {"expression": "-3 * 4 + 2 - 1"}) == "basic_arithmetic.add+sub+mul"
+    assert category_of("gsm_symbolic", {"question": "Sam has 3 apples"}) == "gsm_symbolic"
+    task = _task()
+    assert task.entry_label("chain_sum-2.sub") == "chain_sum-2" and task.entry_label("gsm_symbolic") == "gsm_symbolic"
+    assert task.entry_label("nope.add") is None and task.entry_label(None) is None
+
+
+def test_a_dev_set_leaves_the_other_sets_as_they_were_and_is_disjoint():
+    plain, with_dev = _task().sets(0, 10), _task(dev_size=16).sets(0, 10)
+    assert plain.heldout.equals(with_dev.heldout) and plain.ttt.equals(with_dev.ttt)
+    assert plain.seed.equals(with_dev.seed)
+    dev = {_key(p) for p in with_dev.dev["prompt"]}
+    assert len(dev) == 16
+    assert not dev & {_key(p) for df in (with_dev.heldout, with_dev.ttt, with_dev.seed) for p in df["prompt"]}
 
 
 def test_gold_is_right_and_a_wrong_answer_wrong_for_every_dataset():
@@ -170,12 +200,23 @@ def test_a_loop_on_reasoning_gym_with_a_chat_model(tmp_path_factory, bpe_model_d
                  "instruction": "Answer with the final number only."},
         "evolve": {"fresh": 4, "keep_top": 2, "rewrites": 1}, "judge": {"method": "majority_vote"}})
     heldout = art.read_table(work / "data/task/heldout.parquet", art.PROMPTS)
-    assert set(heldout["category"]) == {"chain_sum-2", "chain_sum-3"}
+    assert set(heldout["category"].str.split(".").str[0]) == {"chain_sum-2", "chain_sum-3"}
+    counts = heldout["category"].map(metric_name).value_counts()  # a metric key's characters: add+sub -> add_sub
     for it in ("it0", "it1", "it2", "it3"):
         m = art.read_json(work / "reports" / "iterations" / it / "metrics.json")
         assert m["heldout_n"] == 8
-        per = [m[f"accuracy/{c}"] for c in ("chain_sum-2", "chain_sum-3")]  # per dataset / level, 4 each
-        assert m["accuracy"] == pytest.approx(sum(per) / 2)
+        per = {c: m[f"accuracy/{c}"] for c in counts.index}  # per dataset / level and operation
+        assert m["accuracy"] == pytest.approx(sum(per[c] * n for c, n in counts.items()) / 8)
+        # the shortcut floors: each policy, the best as the floor, per category, and the gain over it
+        assert m["floor"] == max(m[f"floor/{p}"] for p in ("sum", "first", "last", "mode"))
+        assert all(f"floor/{c}" in m for c in counts.index)
+        assert m["floor_gain_lo"] <= m["floor_gain"] <= m["floor_gain_hi"]
+        if it != "it0":  # per category gains over it0 with paired intervals, and the training mix's coverage
+            for c in counts.index:
+                assert m[f"accuracy_gain_lo/{c}"] <= m[f"accuracy_gain/{c}"] <= m[f"accuracy_gain_hi/{c}"]
+                assert m[f"accuracy_gain/{c}"] == pytest.approx(per[c] - art.read_json(
+                    work / "reports" / "iterations" / "it0" / "metrics.json")[f"accuracy/{c}"])
+            assert 0 <= m["train_coverage"]
         answers = art.read_table(work / "data" / it / "eval.parquet", art.EVAL)
         held = answers[answers["set"] == "heldout"]
         task = _task(datasets=DATASETS[:2])

@@ -141,16 +141,26 @@ def test_word_math_sets_are_disjoint_in_any_wording_and_balanced():
     assert (out["source"] == "fresh").sum() == 30 * 3
 
 
-def test_word_math_levels_that_run_out_pass_their_turn_on():
-    # one-step mul with numbers to 30 has 116 distinct problems: the held-out set takes them all,
-    # add and sub fill the rest, and nothing is drawn twice
-    task = task_for(TaskConfig(name="word_math", max_number=30, heldout_size=512, ttt_size=128))
-    sets = task.sets(0, 0)
-    assert sets.heldout["category"].value_counts().to_dict() == {"add": 225, "sub": 171, "mul": 116}
-    held, ttt = ({task.parse(p).key for p in df["prompt"]} for df in (sets.heldout, sets.ttt))
-    assert len(held) == 512 and len(ttt) == 128 and not held & ttt
-    with pytest.raises(ConfigError, match="task.heldout_size: word_math .* too few distinct problems for 600"):
-        task_for(TaskConfig(name="word_math", heldout_size=600, ttt_size=8)).sets(0, 0)
+def test_word_math_sets_are_stratified_by_level_and_a_level_that_runs_out_is_named():
+    # one-step mul with numbers to 30 and factors to 5 has 116 distinct problems, fewer than a third of 512
+    with pytest.raises(ConfigError, match="task.heldout_size: word_math level 'mul' ran out of distinct "
+                                          "problems at 116 of the 170 .*max_factor 5"):
+        task_for(TaskConfig(name="word_math", max_number=30, heldout_size=512, ttt_size=128)).sets(0, 0)
+    # factors to 12: 319, enough for a third of held-out, test-time and dev alike
+    task = task_for(TaskConfig(name="word_math", max_number=30, max_factor=12, heldout_size=512, ttt_size=128,
+                               dev_size=128))
+    sets = task.sets(0, 16)
+    assert sets.heldout["category"].value_counts().to_dict() == {"add": 171, "sub": 171, "mul": 170}
+    for df in (sets.ttt, sets.dev):
+        assert df["category"].value_counts().to_dict() == {"add": 43, "sub": 43, "mul": 42}
+    held, ttt, dev = ({task.parse(p).key for p in df["prompt"]} for df in (sets.heldout, sets.ttt, sets.dev))
+    assert (len(held), len(ttt), len(dev)) == (512, 128, 128)
+    assert not held & ttt and not held & dev and not ttt & dev
+    assert max(int(task.parse(p).problem.steps[0][1]) for p, c in zip(sets.heldout["prompt"], sets.heldout["category"])
+               if c == "mul") == 12
+    # the test-time set runs out after the held-out set took its share: named too
+    with pytest.raises(ConfigError, match="task.ttt_size: word_math level 'mul'"):
+        task_for(TaskConfig(name="word_math", max_number=30, heldout_size=300, ttt_size=100)).sets(0, 0)
 
 
 def test_word_math_instruction_line_is_shown_and_parsed_back():

@@ -18,6 +18,10 @@ class JudgeMethod(str, enum.Enum):
     implicit_reward = "implicit_reward"  # sum log pi_current - sum log pi_reference (CREAM)
     vote_share = "vote_share"  # ScPO: a sample's reward is the share of the votes its answer got
     verifier = "verifier"  # ground truth: oracle baseline
+    # control arms (Spurious Rewards, 2506.10947): what a loop gains from a reward that knows nothing
+    random = "random"  # a seeded uniform reward in [0, 1] per sample
+    format = "format"  # 1 for a response that is not cut, short, and ends with an extractable answer; else 0
+    validity_only = "validity_only"  # the validity check's verdict alone (1 valid, 0 not), no vote
 
     @property
     def runs_model(self) -> bool:
@@ -101,6 +105,9 @@ class JudgeConfig(_Section):
         0.0, ge=0, le=1, description="judge.frozen: the judge's weights are (1 - mix) x it0 + mix x the model "
         "that sampled (0: it0 frozen; between: a slowly moving judge that follows the policy part way)",
     )
+    format_max_chars: int = Field(
+        200, ge=1, description="format: the longest response (characters) the format reward calls short",
+    )
     template: str = Field(
         "self_improve/templates/judge_rubric.txt", min_length=1, description="llm_judge: the rubric prompt"
     )
@@ -138,6 +145,10 @@ class PairsConfig(_Section):
     weight: PairWeight = Field(
         PairWeight.none, description="each pair's weight in the preference loss (and its NLL term): none, or "
         "margin (ScPO's vote margin with judge.method vote_share)",
+    )
+    max_pairs: Optional[int] = Field(
+        None, ge=1, description="at most this many pairs per iteration, a seeded draw (None: all): a control "
+        "arm (judge.method random) held to the pair budget of the rule it controls",
     )
     sft_min_reward: float = Field(1.0, description="RAFT keeps best samples with at least this reward")
     penalty: float = Field(1.0, ge=0, description="grpo: the advantage -penalty of every sample of a prompt "

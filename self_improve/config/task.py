@@ -67,6 +67,8 @@ class TaskConfig(_Section):
         "that problems are drawn from; each is a category",
     )
     max_number: int = Field(10, ge=2, description="word_math: largest number a problem starts with or adds")
+    max_factor: int = Field(5, ge=2, description="word_math: largest factor of a `mul` step (with max_number, "
+                            "how many distinct multiplication problems exist)")
     datasets: list[GymDataset] = Field(
         default_factory=list, description="reasoning_gym: the datasets drawn from (name, config, weight, label)")
     on_error: OnError = Field(
@@ -80,6 +82,9 @@ class TaskConfig(_Section):
     max_operand: int = Field(99, ge=1)
     heldout_size: int = Field(500, ge=1, description="held-out problems, disjoint from all training")
     ttt_size: int = Field(1000, ge=1, description="test-time problems: prompts trainable, answers measured")
+    dev_size: int = Field(0, ge=0, description="word_math / reasoning_gym: problems of a dev set, disjoint from "
+                          "held-out and test-time, on which design choices are fitted (diagnosis, lengths, "
+                          "thresholds); the loop never reads it")
 
     @model_validator(mode="after")
     def _range(self) -> "TaskConfig":

@@ -22,6 +22,8 @@ model, the rubric template) and how its rewards read (a verdict in [0, 1], or a 
 - ``vote_share`` (ScPO): a sample's reward is the share of the prompt's votes its answer got, so the
   pair is the most-voted answer over the least-voted and the reward margin is the vote margin / k.
 - ``verifier``: ground truth; an oracle baseline and the yardstick for judge quality.
+- ``random``, ``format``, ``validity_only``: the control arms (self_improve/judges/controls.py), rewards
+  that know nothing of an answer's truth, looped as a rule is so that its gain can be set beside theirs.
 
 The vote judges take the label-free rules of `judge`: the `min_share` gate (RESTRAIN, ScPO),
 Self-Harmony's cross-view label for co_reward (`cross_view: harmonic`), the validity check
@@ -42,6 +44,7 @@ import pandas as pd
 
 from self_improve.config import JudgeConfig, JudgeMethod
 from self_improve.judges.base import JudgeContext, Verdicts, Verify, category
+from self_improve.judges.controls import format_reward, random_reward, validity_reward
 from self_improve.judges.model import _implicit_reward, _llm_judge, _self_certainty
 from self_improve.judges.validity import invalid_reason
 from self_improve.judges.votes import _vote_by
@@ -76,6 +79,9 @@ REGISTRY: dict[JudgeMethod, Judge] = {
     JudgeMethod.implicit_reward: Judge(_implicit_reward, needs_policy=True, needs_reference=True,
                                        verdict=False),
     JudgeMethod.verifier: Judge(_verifier, uses_ground_truth=True),
+    JudgeMethod.random: Judge(random_reward),  # control arms (judges/controls.py)
+    JudgeMethod.format: Judge(format_reward),
+    JudgeMethod.validity_only: Judge(validity_reward),
 }
 
 

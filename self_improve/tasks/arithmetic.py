@@ -79,6 +79,7 @@ class ArithmeticTask(ProceduralTask):
     """Two-operand addition over [min_operand, max_operand]."""
 
     name = "arithmetic"
+    floors = False  # the sum of the question's numbers is the task itself: no shortcut to floor
     CATEGORIES = ("no_carry", "units_carry", "tens_carry", "both_carry")
 
     def __init__(self, cfg: TaskConfig):

@@ -28,6 +28,7 @@ class TaskSets:
     heldout: pd.DataFrame  # PROMPTS: never a training prompt, in any wording
     ttt: pd.DataFrame  # PROMPTS: the loop may train on their prompts, answers only measure
     seed: pd.DataFrame  # SFT: prompts with gold solutions (the builtin model's warm-up, SPIN's references)
+    dev: pd.DataFrame | None = None  # PROMPTS (task.dev_size): for design choices, disjoint from held-out and test-time
 
 
 @dataclass
@@ -64,6 +65,9 @@ class Task(Protocol):
 
     def verify(self, answer: str | None, gold: str | None, category: str | None = None) -> float | None: ...
     # `category`: the problem's (a task whose problems are graded by their source, reasoning_gym)
+
+    # optional: `floors = False` where a policy that reads only the question is the task (self_improve/floors.py);
+    # `dev` of TaskSets, a set for design choices, disjoint from held-out and test-time
 
 
 def prompt_rows(iteration: str, gid: str, source: str, category: str | None,

@@ -51,6 +51,23 @@ def _key(question: str) -> str:
     return " ".join(question.lower().split())
 
 
+OPERATIONS = {"+": "add", "-": "sub", "*": "mul", "/": "div"}
+_OPERATOR = re.compile(r"\s([-+*/])\s")
+
+
+def category_of(label: str, metadata: dict) -> str:
+    """A problem's category: its entry's label, and for an arithmetic expression its operations
+    (`chain_sum-2x12.sub`, `basic_arithmetic-2x1.mul`), so that a policy that learns one operation
+    shows as one category rising; a mixed expression names each of its operations once, in the order
+    add, sub, mul, div (`add+mul`)."""
+    expression = metadata.get("expression") if isinstance(metadata, dict) else None
+    if not isinstance(expression, str):
+        return label
+    found = {OPERATIONS[o] for o in _OPERATOR.findall(f" {expression} ")}
+    ops = [op for op in OPERATIONS.values() if op in found]
+    return f"{label}.{'+'.join(ops)}" if ops else label
+
+
 def known_fault(name: str, dataset: Any) -> str | None:
     """Why a dataset's gold answers cannot be trusted under its config, for settings where reasoning-gym
     (0.1.25 and its main branch alike) writes answers that do not match their questions; None elsewhere.
@@ -109,6 +126,15 @@ class ReasoningGymTask(FileTask):
         tagged = _ANSWER_TAG.search(response or "")
         return extract(tagged.group(1) if tagged else response)
 
+    def entry_label(self, category: Optional[str]) -> Optional[str]:
+        """The entry a category belongs to (its label, with or without the operations `category_of` adds)."""
+        if not isinstance(category, str):
+            return None
+        if category in self._scorers:
+            return category
+        head = category.rsplit(".", 1)[0]
+        return head if head in self._scorers else None
+
     def verify(self, answer: str | None, gold: str | None, category: Optional[str] = None) -> float | None:
         """1.0 when the dataset's score_answer gives 1.0. Without the category (a caller that has
         none), right when some configured dataset's scorer says so."""
@@ -116,12 +142,16 @@ class ReasoningGymTask(FileTask):
             return None
         if not isinstance(answer, str):  # None, or the NaN a pandas string column holds for a missing answer
             return 0.0
-        scorers = [self._scorers[category]] if category in self._scorers else list(self._scorers.values())
+        entry = self.entry_label(category)
+        scorers = [self._scorers[entry]] if entry is not None else list(self._scorers.values())
         entry = {"question": "", "answer": gold, "metadata": {}}
         return float(any(s.score_answer(answer, entry) >= 1.0 for s in scorers))
 
     def sets(self, seed: int, train_size: int) -> TaskSets:
-        sizes = {"heldout": self.cfg.heldout_size, "ttt": self.cfg.ttt_size, "seed": train_size}
+        # dev last: each entry's stream draws item i the same whatever comes after it, so a dev set
+        # leaves the other sets as they were
+        sizes = {"heldout": self.cfg.heldout_size, "ttt": self.cfg.ttt_size, "seed": train_size,
+                 "dev": self.cfg.dev_size}
         total_weight = sum(e.weight for e in self.entries)
         seen: set[str] = set()
         drawn: dict[str, list[tuple[str, str, str]]] = {k: [] for k in sizes}  # (question, answer, category)
@@ -139,7 +169,7 @@ class ReasoningGymTask(FileTask):
             # one seeded stream per entry; drawn with room for duplicates, which are skipped
             ds = make_dataset(e.name, e.config, 2 * need + 16, seed * 1009 + i, f"task.datasets[{i}]")
             it = iter(ds)
-            for part in ("heldout", "ttt", "seed"):
+            for part in sizes:
                 got = 0
                 while got < share[part]:
                     try:
@@ -153,7 +183,8 @@ class ReasoningGymTask(FileTask):
                     if k in seen:
                         continue
                     seen.add(k)
-                    drawn[part].append((item["question"], str(item["answer"]), e.category))
+                    drawn[part].append((item["question"], str(item["answer"]),
+                                        category_of(e.category, item.get("metadata"))))
                     got += 1
 
         def prompts(items: list[tuple[str, str, str]], source: str) -> pd.DataFrame:
@@ -165,7 +196,8 @@ class ReasoningGymTask(FileTask):
         heldout, ttt = prompts(drawn["heldout"], "heldout"), prompts(drawn["ttt"], "ttt")
         seed_items = drawn["seed"]
         seed_sft = seed_frame([self.show(q) for q, _, _ in seed_items], [a for _, a, _ in seed_items])
-        return TaskSets(heldout, ttt, seed_sft)
+        return TaskSets(heldout, ttt, seed_sft, prompts(drawn["dev"], "dev"))
 
     def categories(self, sets: TaskSets) -> list[str]:
-        return sorted({e.category for e in self.entries})
+        """The categories the sets hold (an entry's label, with its operations where it has them)."""
+        return sorted({c for df in (sets.heldout, sets.ttt) for c in df["category"].dropna()})

@@ -238,7 +238,7 @@ class WordMathTask(FreeTextAnswers, ProceduralTask):
     def __init__(self, cfg):
         self.cfg = cfg
         self.levels = [tuple(level.split("+")) for level in cfg.levels]
-        self.gen = Generator(cfg.max_number)
+        self.gen = Generator(cfg.max_number, cfg.max_factor)
         self.instruction = cfg.instruction
 
     def parse(self, prompt: str) -> "_Shown":
@@ -280,30 +280,47 @@ class WordMathTask(FreeTextAnswers, ProceduralTask):
         return [_Shown(q, self) for q in self.gen.rewrites(p.problem, n, rng)]
 
     def sets(self, seed: int, train_size: int) -> TaskSets:
+        """Held-out, test-time and dev sets stratified by level (each level an equal share, the
+        remainder to the first levels), disjoint in any wording; then the seed data from what is left.
+        A level that runs out of distinct problems stops with its name: a set that quietly takes
+        fewer of one operation than the others measures a mix the loop never trains on."""
         rng = random.Random(seed)
         keys: set = set()
+        names = ["+".join(c) for c in self.levels]
 
-        def draw_many(n: int, what: str | None) -> list[WordProblem]:
+        def stratified(n: int, what: str) -> list[WordProblem]:
             out = []
-            for i in range(n):
-                p = None
-                for j in range(len(self.levels)):  # round robin; a level that has run out passes its turn on
-                    p = self.draw(rng, self.levels[(i + j) % len(self.levels)], set(), keys)
-                    if p is not None:
-                        break
-                if p is None:
-                    if what is None:  # the seed data takes what is left
-                        continue
-                    raise ConfigError(f"task.{what}: word_math with levels {self.cfg.levels} and max_number "
-                                      f"{self.cfg.max_number} has too few distinct problems for {n}")
-                keys.add(p.key)
-                out.append(p)
+            for j, chain in enumerate(self.levels):
+                need = n // len(self.levels) + (1 if j < n % len(self.levels) else 0)
+                for got in range(need):
+                    p = self.draw(rng, chain, set(), keys)
+                    if p is None:
+                        raise ConfigError(
+                            f"task.{what}: word_math level {names[j]!r} ran out of distinct problems at {got} of "
+                            f"the {need} its share of {n} needs (max_number {self.cfg.max_number}, max_factor "
+                            f"{self.cfg.max_factor}, after the sets drawn before it): raise task.max_number or "
+                            f"task.max_factor, or lower the sizes")
+                    keys.add(p.key)
+                    out.append(p)
             rng.shuffle(out)
             return out
 
-        heldout = draw_many(self.cfg.heldout_size, "heldout_size")
-        ttt = draw_many(self.cfg.ttt_size, "ttt_size")
-        train = draw_many(train_size, None)
+        def rest(n: int) -> list[WordProblem]:  # the seed data: round robin over what is left
+            out = []
+            for i in range(n):
+                for j in range(len(self.levels)):
+                    p = self.draw(rng, self.levels[(i + j) % len(self.levels)], set(), keys)
+                    if p is not None:
+                        keys.add(p.key)
+                        out.append(p)
+                        break
+            rng.shuffle(out)
+            return out
+
+        heldout = stratified(self.cfg.heldout_size, "heldout_size")
+        ttt = stratified(self.cfg.ttt_size, "ttt_size")
+        dev = stratified(self.cfg.dev_size, "dev_size")
+        train = rest(train_size)
 
         def prompts(problems: list[WordProblem], source: str) -> pd.DataFrame:
             rows = []
@@ -312,7 +329,7 @@ class WordMathTask(FreeTextAnswers, ProceduralTask):
             return frame(rows)
 
         seed_sft = seed_frame([self.show(p.prompt) for p in train], [p.solution for p in train])
-        return TaskSets(prompts(heldout, "heldout"), prompts(ttt, "ttt"), seed_sft)
+        return TaskSets(prompts(heldout, "heldout"), prompts(ttt, "ttt"), seed_sft, prompts(dev, "dev"))
 
     def categories(self, sets) -> list[str]:
         return sorted("+".join(c) for c in self.levels)
