@@ -55,12 +55,14 @@ KEYS = ("accuracy", "accuracy_se", "ttt_accuracy", "ttt_accuracy_se", "maj_accur
         *(f"{s}{x}" for s in SIGNALS for x in ("", "_se", "_gain", "_gain_lo", "_gain_hi")))  # what the label-free choice reads
 
 
-PER_CATEGORY = ("accuracy/", "ttt_accuracy/")  # per category (a task's levels, reasoning-gym's datasets)
+# per category (a task's levels and operations, reasoning-gym's datasets): accuracy, the gain over it0 with
+# its paired interval; the shortcut floors and the gain over the best of them; the training mix
+PER_CATEGORY = ("accuracy/", "ttt_accuracy/", "accuracy_gain", "ttt_accuracy_gain", "floor", art.MIX_PREFIX)
 
 
 def kept(key: str) -> bool:
-    """A metric a kept result carries: KEYS, and held-out and test-time accuracy per category."""
-    return key in KEYS or key.startswith(PER_CATEGORY)
+    """A metric a kept result carries: KEYS, the per-category figures, the floors and the training mix."""
+    return key in KEYS or key == "train_coverage" or key.startswith(PER_CATEGORY)
 
 
 ANSWERS = "answers.parquet"  # a kept run's answers problem by problem (keep_answers, artifacts.KEPT_EVAL)
