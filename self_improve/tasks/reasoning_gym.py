@@ -148,10 +148,10 @@ class ReasoningGymTask(FileTask):
         return float(any(s.score_answer(answer, entry) >= 1.0 for s in scorers))
 
     def sets(self, seed: int, train_size: int) -> TaskSets:
-        # dev last: each entry's stream draws item i the same whatever comes after it, so a dev set
-        # leaves the other sets as they were
-        sizes = {"heldout": self.cfg.heldout_size, "ttt": self.cfg.ttt_size, "seed": train_size,
-                 "dev": self.cfg.dev_size}
+        # dev after held-out and test-time: each entry's stream draws item i the same whatever comes
+        # after it, so a dev set leaves those two as they were; before the seed data, which takes what is left
+        sizes = {"heldout": self.cfg.heldout_size, "ttt": self.cfg.ttt_size, "dev": self.cfg.dev_size,
+                 "seed": train_size}
         total_weight = sum(e.weight for e in self.entries)
         seen: set[str] = set()
         drawn: dict[str, list[tuple[str, str, str]]] = {k: [] for k in sizes}  # (question, answer, category)
