@@ -485,6 +485,9 @@ def write_reports(out: Path, root: Path = ROOT) -> str:
         plot(groups, its, out / "accuracy.png")
         if (picked := choices(groups, its)) is not None:
             (out / "choices.md").write_text(picked)
+        from scripts import arms  # per category and against the control arms, where the results carry them
+
+        arms.write(out)
     return text
 
 

@@ -1,0 +1,164 @@
+"""Kept loops read per category and against their control arms: the tables that say whether a gain
+is more than a shortcut.
+
+    python -m scripts.arms reports/smollm2_gym_arms     # writes categories.md and controls.md there
+
+`categories.md`: per arm (a judge or rule) and held-out category, it0 and the last iteration's
+accuracy (mean +- sd over seeds), the shortcut floor (the best policy that reads only the question,
+self_improve/floors.py), the gain that counts (over max(it0, floor), per seed against whichever is
+higher) with the lowest low end of its per-seed paired 95% intervals, and the gain over it0.
+`controls.md`: each arm against each control arm (random, format, validity_only) and the vote
+(majority_vote) at the same seed, problem by problem on the held-out set at the last iteration
+(a paired bootstrap over the problems of each seed: the mean difference and each seed's interval).
+write_reports (scripts/seeds.py) rebuilds both whenever a kept result lands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import pandas as pd
+
+from self_improve import artifacts as art
+from self_improve.quality import paired_gain
+
+CONTROLS = ("random", "format", "validity_only", "majority_vote")
+ALL = "(all)"
+
+
+def load(out: Path) -> dict[str, list[dict]]:
+    """Kept results by arm, seeds in order, each with its answers file where one was kept."""
+    groups: dict[str, list[dict]] = {}
+    for f in sorted(out.glob("*.json")) + sorted(out.glob("*/s*.json")):
+        r = json.loads(f.read_text())
+        name = r.get("variant") or (f"{r['tag']}-{r['judge']}" if r.get("tag") else r.get("judge")) or f.parent.name
+        for answers in (out / f.stem / "answers.parquet", f.with_name(f"{f.stem}.answers.parquet")):
+            if answers.is_file():
+                r["answers_path"] = answers
+        groups.setdefault(name, []).append(r)
+    return {k: sorted(v, key=lambda r: r["seed"]) for k, v in sorted(groups.items())}
+
+
+def last_iteration(runs: list[dict]) -> str:
+    return max((it for r in runs for it in r["metrics"]), key=lambda it: int(it[2:]))
+
+
+def _mean_sd(values: list[float], signed: bool = False) -> str:
+    if not values:
+        return ""
+    f = "{:+.3f}" if signed else "{:.3f}"
+    if len(values) == 1:
+        return f.format(values[0]) + " (1 seed)"
+    return f"{f.format(statistics.mean(values))} +- {statistics.stdev(values):.3f}"
+
+
+def _key(metric: str, cat: str) -> str:
+    return metric if cat == ALL else f"{metric}/{cat}"
+
+
+def categories(runs: list[dict]) -> list[str]:
+    it0 = [r["metrics"].get("it0", {}) for r in runs]
+    return sorted({k.split("/", 1)[1] for m in it0 for k in m if k.startswith("accuracy/")})
+
+
+def counted_gain(m0: dict, m: dict, cat: str) -> tuple[float, float] | None:
+    """(gain, paired low end) over max(it0, floor) in one run: over it0 where it0 is at least the floor,
+    else over the floor policy; None where the figures are missing."""
+    acc0, floor = m0.get(_key("accuracy", cat)), m0.get(_key("floor", cat))
+    if floor is not None and acc0 is not None and floor > acc0:
+        g, lo = m.get(_key("floor_gain", cat)), m.get(_key("floor_gain_lo", cat))
+    else:
+        g, lo = m.get(_key("accuracy_gain", cat)), m.get(_key("accuracy_gain_lo", cat))
+    return None if g is None or lo is None else (g, lo)
+
+
+def category_table(groups: dict[str, list[dict]]) -> str:
+    head = ["arm", "category", "it0", "last", "floor", "gain over max(it0, floor)", "lowest paired low end",
+            "gain over it0"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for arm, runs in groups.items():
+        last = last_iteration(runs)
+        for cat in [ALL] + categories(runs):
+            m0s = [r["metrics"].get("it0", {}) for r in runs]
+            ms = [r["metrics"].get(last, {}) for r in runs]
+            acc0 = [m[_key("accuracy", cat)] for m in m0s if _key("accuracy", cat) in m]
+            accl = [m[_key("accuracy", cat)] for m in ms if _key("accuracy", cat) in m]
+            floor = [m[_key("floor", cat)] for m in m0s if _key("floor", cat) in m]
+            counted = [c for m0, m in zip(m0s, ms) if (c := counted_gain(m0, m, cat)) is not None]
+            over0 = [m[_key("accuracy_gain", cat)] for m in ms if _key("accuracy_gain", cat) in m]
+            lows = min((lo for _, lo in counted), default=None)
+            lines.append("| " + " | ".join([
+                f"{arm} ({len(runs)} seed{'s' if len(runs) > 1 else ''}, {last})" if cat == ALL else "",
+                cat, _mean_sd(acc0), _mean_sd(accl), _mean_sd(floor),
+                _mean_sd([g for g, _ in counted], signed=True),
+                "" if lows is None else f"{lows:+.3f}", _mean_sd(over0, signed=True)]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def heldout_correct(run: dict, it: str) -> pd.Series | None:
+    path = run.get("answers_path")
+    if path is None:
+        return None
+    a = art.read_table(path, art.KEPT_EVAL_COMMON)
+    a = a[(a["iteration"] == it) & (a["set"] == "heldout")]
+    return a.set_index("prompt_id")["correct"].astype(float)
+
+
+def control_table(groups: dict[str, list[dict]]) -> str:
+    head = ["arm", "against", "seeds", "difference at the last iteration", "per-seed paired 95% intervals"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for arm, runs in groups.items():
+        if arm in CONTROLS:
+            continue
+        last = last_iteration(runs)
+        for control in CONTROLS:
+            theirs = {r["seed"]: r for r in groups.get(control, [])}
+            diffs, cis = [], []
+            for r in runs:
+                if r["seed"] not in theirs:
+                    continue
+                mine, other = heldout_correct(r, last), heldout_correct(theirs[r["seed"]], last_iteration([theirs[r["seed"]]]))
+                if mine is None or other is None:
+                    continue
+                both = mine.index.intersection(other.index)
+                g = paired_gain(other.loc[both], mine.loc[both])
+                if g is not None:
+                    diffs.append(g["gain"])
+                    cis.append(f"s{r['seed']} [{g['lo']:+.3f}, {g['hi']:+.3f}]")
+            if diffs:
+                lines.append(f"| {arm} | {control} | {len(diffs)} | {_mean_sd(diffs, signed=True)} | {'; '.join(cis)} |")
+    return "\n".join(lines) + "\n"
+
+
+def write(out: Path) -> None:
+    groups = load(out)
+    if not any("floor" in r["metrics"].get("it0", {}) or any(k.startswith("accuracy/") for k in r["metrics"].get("it0", {}))
+               for runs in groups.values() for r in runs):
+        return  # kept before per-category figures: nothing to write
+    (out / "categories.md").write_text(
+        "# Per category: it0, the last iteration, the floor and the gain that counts\n\n"
+        "Mean +- sd over seeds (generated by `python -m scripts.arms`). The gain that counts is, per seed, over "
+        "max(it0, floor) of the category; its lowest paired low end is the smallest low end of the seeds' paired "
+        "95% intervals (above 0 on every seed when it is above 0).\n\n" + category_table(groups))
+    (out / "controls.md").write_text(
+        "# Each arm against the control arms, problem by problem\n\n"
+        "Held-out accuracy at the last iteration minus the control's at the same seed (the same problems), "
+        "mean +- sd over seeds, with each seed's paired bootstrap 95% interval (generated by `python -m scripts.arms`).\n\n"
+        + control_table(groups))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path, help="a directory of kept results (reports/smollm2_gym_arms, ...)")
+    args = ap.parse_args(argv)
+    write(args.out)
+    for name in ("categories.md", "controls.md"):
+        if (args.out / name).is_file():
+            print((args.out / name).read_text())
+
+
+if __name__ == "__main__":
+    main()

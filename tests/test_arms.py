@@ -1,0 +1,62 @@
+"""The per-category and control-arm tables of kept loops (scripts/arms.py), on kept results whose
+figures are known."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from scripts import arms
+from self_improve import artifacts as art
+
+pytestmark = pytest.mark.unit
+
+
+def _kept(out, judge, seed, it0, it3, floor, correct3):
+    """A kept result: it0 and it3 metrics of two categories and its held-out answers at it3."""
+    cats = ["add"] * 4 + ["mul"] * 4
+    m0 = {"accuracy": it0, "floor": floor, "accuracy/add": it0, "accuracy/mul": it0,
+          "floor/add": 2 * floor, "floor/mul": 0.0}
+    g = it3 - it0
+    m3 = {"accuracy": it3, "accuracy/add": it3, "accuracy/mul": it3, "accuracy_gain": g, "accuracy_gain_lo": g - 0.1,
+          "floor_gain": it3 - floor, "floor_gain_lo": it3 - floor - 0.1,
+          **{f"{k}/{c}": v for c in ("add", "mul") for k, v in
+             (("accuracy_gain", g), ("accuracy_gain_lo", g - 0.1))},
+          "floor_gain/add": it3 - 2 * floor, "floor_gain_lo/add": it3 - 2 * floor - 0.1,
+          "floor_gain/mul": it3, "floor_gain_lo/mul": it3 - 0.1}
+    (out / f"{judge}-s{seed}.json").write_text(json.dumps({"judge": judge, "seed": seed,
+                                                            "metrics": {"it0": m0, "it3": m3}}))
+    rows = pd.DataFrame({"iteration": "it3", "set": "heldout", "prompt_id": [f"h{i}" for i in range(8)],
+                         "category": cats, "answer": "1", "response": "1", "pred": "1",
+                         "correct": [float(c) for c in correct3], "truncated": False, "valid": True,
+                         "restates": False, "frozen_yes": None})
+    (out / f"{judge}-s{seed}").mkdir()
+    art.write_table(rows, out / f"{judge}-s{seed}" / "answers.parquet", art.KEPT_EVAL)
+
+
+def test_the_gain_that_counts_is_over_the_higher_of_it0_and_the_floor(tmp_path):
+    for seed in (0, 1):
+        _kept(tmp_path, "rule", seed, it0=0.2, it3=0.5, floor=0.3, correct3=[1, 1, 1, 1, 0, 0, 0, 0])
+        _kept(tmp_path, "random", seed, it0=0.2, it3=0.25, floor=0.3, correct3=[1, 1, 0, 0, 0, 0, 0, 0])
+    arms.write(tmp_path)
+    table = (tmp_path / "categories.md").read_text()
+    rule_all = next(line for line in table.splitlines() if line.startswith("| rule"))
+    cells = [c.strip() for c in rule_all.strip("|").split("|")]
+    # it0 0.2 under the floor 0.3: the gain counted is over the floor, +0.2, its low end +0.1
+    assert cells[2:] == ["0.200 +- 0.000", "0.500 +- 0.000", "0.300 +- 0.000", "+0.200 +- 0.000", "+0.100",
+                         "+0.300 +- 0.000"]
+    add = [c.strip() for c in table.splitlines()[table.splitlines().index(rule_all) + 1].strip("|").split("|")]
+    assert add[1] == "add" and add[4] == "0.600 +- 0.000" and add[5] == "-0.100 +- 0.000"  # the floor solves addition
+    controls = (tmp_path / "controls.md").read_text()
+    row = next(line for line in controls.splitlines() if line.startswith("| rule | random"))
+    assert "+0.250 +- 0.000" in row and "s0 [" in row and "s1 [" in row  # 4 of 8 right against 2 of 8, paired
+    assert not any(line.startswith("| random |") for line in controls.splitlines())  # a control is not set against controls
+
+
+def test_results_kept_before_categories_write_no_table(tmp_path):
+    (tmp_path / "old-s0.json").write_text(json.dumps({"judge": "old", "seed": 0,
+                                                       "metrics": {"it0": {"accuracy": 0.1}, "it1": {"accuracy": 0.2}}}))
+    arms.write(tmp_path)
+    assert not (tmp_path / "categories.md").exists()
