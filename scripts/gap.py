@@ -6,10 +6,12 @@
     python -m scripts.gap -S model.base=models/smollm2-135m-instruct -S task.name=word_math \\
         --judges verifier majority_vote scpo+validity --temperatures 0.3 1.0 --out reports/gap.json
 
-With params.yaml and the -S overrides (as `dvc exp run -S` takes them): 1. the task's held-out set
-answered greedily by it0 (accuracy per category: where the task's difficulty sits; with --lengths,
+With params.yaml and the -S overrides (as `dvc exp run -S` takes them): 1. the task's dev set
+(`task.dev_size`, disjoint from held-out and test-time; `--on heldout` for the held-out set) answered
+greedily by it0 (accuracy per category: where the task's difficulty sits; with --lengths,
 accuracy and cut share at each length; the validity check on those answers with the gold beside
-it); 2. it1's prompts (the task's proposal, rewrites included) sampled `sample.k` times by it0 at
+it); 2. it1's prompts proposed from that set as a loop proposes them from its test-time set (the
+task's proposal, rewrites included, never a held-out problem) sampled `sample.k` times by it0 at
 each temperature, and every rule of RULES run on the same samples: label precision (labels that are
 right), coverage (prompts with a label, prompts with a pair), pair precision (chosen right and
 rejected wrong), judge AUC, the share the validity check rejects and the right answers among them.
@@ -66,10 +68,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--temperatures", type=float, nargs="+", default=None,
                     help="sample it0 at each (default sample.temperature); judges that run a model only at "
                          "sample.temperature")
-    ap.add_argument("--greedy-only", action="store_true", help="only the held-out calibration (step 1)")
+    ap.add_argument("--greedy-only", action="store_true", help="only the greedy calibration (step 1)")
     ap.add_argument("--lengths", type=int, nargs="+", default=None,
                     help="step 1 at each response length: one greedy run at the longest, each answer cut at "
                          "every shorter length (greedy decoding is prefix-consistent), accuracy and cut share")
+    ap.add_argument("--on", choices=("dev", "heldout"), default="dev",
+                    help="the set diagnosed: dev (task.dev_size problems, disjoint from held-out and test-time: "
+                         "choices fitted here are not scored on what they were fitted on) or heldout")
     ap.add_argument("--out", required=True, help="JSON figures; a .md table is written beside it")
     args = ap.parse_args(argv)
     raw = yaml.safe_load(Path(args.params).read_text())
@@ -80,6 +85,11 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     task = task_for(params.task)
     sets = task.sets(derive_seed(params.seed, "split"), params.prepare.train_size)
+    if args.on == "dev" and (sets.dev is None or sets.dev.empty):
+        raise SystemExit("gap: --on dev needs a dev set: set -S task.dev_size=128 (word_math, reasoning_gym), "
+                         "or diagnose the held-out set with --on heldout")
+    # step 1 calibrates on this set; step 2's prompts are drawn from it (as a loop's from its test-time set)
+    calib = sets.dev if args.on == "dev" else sets.heldout
     model, tok = load_model(params.model.base if not params.model.builtin else "data/it0/model",
                             security=params.security, model_cfg=params.model)
     from self_improve.engines.sampler import HFSampler, open_sampler
@@ -88,18 +98,18 @@ def main(argv: list[str] | None = None) -> None:
     sampler = (HFSampler(model, tok) if params.model.builtin else
                open_sampler(params.model.base, params.sample, params.security, model_cfg=params.model))
     given = {k: recipes.render(v) for k, v in recipes.load(args.recipe).items()} if args.recipe else {}
-    result: dict = {"params": given | {k: v for k, v in (s.split("=", 1) for s in args.set)}}
+    result: dict = {"params": given | {k: v for k, v in (s.split("=", 1) for s in args.set)}, "set": args.on}
 
-    # 1. where the task's difficulty sits: greedy accuracy per category on the held-out set
+    # 1. where the task's difficulty sits: greedy accuracy per category on the dev (or held-out) set
     longest = max(args.lengths) if args.lengths else params.evaluate.max_new_tokens
     greedy = SamplingSpec(n=1, greedy=True, max_new_tokens=longest, batch_size=params.evaluate.batch_size)
-    res = sampler.generate(list(sets.heldout["prompt"]), greedy, derive_seed(params.seed, "evaluate"), desc="greedy")
+    res = sampler.generate(list(calib["prompt"]), greedy, derive_seed(params.seed, "evaluate"), desc="greedy")
     if args.lengths:
-        result["lengths"] = by_length(task, tok, sets.heldout, res, sorted(args.lengths))
+        result["lengths"] = by_length(task, tok, calib, res, sorted(args.lengths))
         result["instruction"] = params.task.instruction
     preds = [task.extract(r[0]).answer for r in res]
-    held = sets.heldout.assign(pred=preds, right=[task.verify(p, a, c) for p, a, c in zip(preds, sets.heldout["answer"], sets.heldout["category"])],
-                               cut=[t[0] for t in res.truncated])
+    held = calib.assign(pred=preds, right=[task.verify(p, a, c) for p, a, c in zip(preds, calib["answer"], calib["category"])],
+                        cut=[t[0] for t in res.truncated])
     result["greedy"] = {
         "accuracy": float(held["right"].mean()), "n": len(held),
         "extract_failure_rate": float(held["pred"].isna().mean()), "truncated_share": float(held["cut"].mean()),
@@ -129,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
 
     base_dir = params.model.base if not params.model.builtin else "data/it0/model"
     evolve_seed = derive_seed(params.seed, "evolve", "it1")
-    inp = ProposeInput(params.evolve, "it1", evolve_seed, sets.ttt, sets.heldout,
+    inp = ProposeInput(params.evolve, "it1", evolve_seed, sets.dev if args.on == "dev" else sets.ttt, sets.heldout,
                        art.empty_table(art.JUDGMENTS), rewrites=True,
                        writer=model_writer(str(base_dir), params, evolve_seed))
     prompts = task.propose(inp)
@@ -201,6 +211,9 @@ RULES = {  # name -> judge and pairs overrides: today's judges and the label-fre
     "format": {"method": "format"},
     "validity_only": {"method": "validity_only", "restates": "any"},  # the check of the +validity_any rules
 }
+
+
+SET_NAMES = {"dev": "dev", "heldout": "held-out"}  # the set a diagnosis read (reports kept before --on: held-out)
 
 
 def rule_overrides(name: str) -> dict[str, object]:
@@ -284,7 +297,7 @@ def by_length(task, tok, heldout: pd.DataFrame, res, lengths: list[int]) -> dict
 def greedy_table(r: dict) -> str:
     """it0's greedy accuracy per category as Markdown, with its binomial s.e. and the cut share."""
     g = r["greedy"]
-    lines = [f"it0 greedy answers to {g['n']} held-out problems ({r['params'].get('model.base', 'the model')}, "
+    lines = [f"it0 greedy answers to {g['n']} {SET_NAMES[r.get('set', 'heldout')]} problems ({r['params'].get('model.base', 'the model')}, "
              f"{r['params'].get('evaluate.max_new_tokens', '')} new tokens, instruction "
              f"{r['params'].get('task.instruction')!r}): accuracy {g['accuracy']:.3f}.", "",
              "| category | problems | greedy accuracy | s.e. | answers cut | no answer |", "|---|---|---|---|---|---|"]
@@ -298,7 +311,7 @@ def greedy_table(r: dict) -> str:
 def lengths_table(r: dict) -> str:
     """The length study as Markdown: accuracy, cut share and mean length per response length."""
     g = r["greedy"]
-    lines = [f"it0 greedy answers to {g['n']} held-out problems, instruction: {r.get('instruction')!r}; "
+    lines = [f"it0 greedy answers to {g['n']} {SET_NAMES[r.get('set', 'heldout')]} problems, instruction: {r.get('instruction')!r}; "
              f"by category at the longest length: "
              + ", ".join(f"{c} {v['accuracy']:.3f} (n {v['n']})" for c, v in g["by_category"].items()), "",
              "| new tokens | accuracy | s.e. | answers cut | mean tokens |", "|---|---|---|---|---|"]
@@ -321,7 +334,7 @@ def table(r: dict) -> str:
     """The diagnosis as Markdown: it0's greedy calibration, then per temperature the samples and
     every rule's figures; the aim (pair precision >= 0.65 at pair coverage >= 25%) is marked."""
     g = r["greedy"]
-    lines = [f"it0 greedy accuracy {g['accuracy']:.3f} on {g['n']} held-out problems "
+    lines = [f"it0 greedy accuracy {g['accuracy']:.3f} on {g['n']} {SET_NAMES[r.get('set', 'heldout')]} problems "
              f"(answers unreadable {g['extract_failure_rate']:.3f}, cut {g['truncated_share']:.3f}); by category: "
              + ", ".join(f"{c} {v['accuracy']:.2f} (n {v['n']})" for c, v in g["by_category"].items()), ""]
     if "validity" in g:

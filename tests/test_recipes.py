@@ -120,12 +120,17 @@ def test_the_diagnosis_takes_a_recipe_by_name_with_overrides_on_top(tmp_path, bp
     recipe = tmp_path / "small.yaml"
     recipe.write_text(f"model: {{base: {bpe_model_dir}}}\n"
                       "task: {name: word_math, instruction: Answer with the final number only., heldout_size: 12,"
-                      " ttt_size: 4}\nsample: {backend: hf}\nevaluate: {max_new_tokens: 8}\n")
+                      " ttt_size: 4, dev_size: 12}\nsample: {backend: hf}\nevaluate: {max_new_tokens: 8}\n")
     monkeypatch.chdir(ROOT)
     out = tmp_path / "gap.json"
-    gap.main(["--recipe", str(recipe), "-S", "task.heldout_size=6", "--greedy-only", "--out", str(out)])
+    gap.main(["--recipe", str(recipe), "-S", "task.dev_size=6", "--greedy-only", "--out", str(out)])
     result = json.loads(out.read_text())
-    assert result["greedy"]["n"] == 6  # the -S on top of the recipe's 12
+    assert result["greedy"]["n"] == 6 and result["set"] == "dev"  # the -S on top of the recipe's 12, on dev
     assert result["params"]["task.instruction"] == "Answer with the final number only."
-    assert result["params"]["task.heldout_size"] == "6" and result["params"]["sample.backend"] == "hf"
-    assert out.with_suffix(".md").read_text().startswith("it0 greedy answers to 6 held-out problems")
+    assert result["params"]["task.dev_size"] == "6" and result["params"]["sample.backend"] == "hf"
+    assert out.with_suffix(".md").read_text().startswith("it0 greedy answers to 6 dev problems")
+    # held-out is read only by evaluate: a diagnosis without a dev set says how to get one
+    with pytest.raises(SystemExit, match="task.dev_size"):
+        gap.main(["--recipe", str(recipe), "-S", "task.dev_size=0", "--greedy-only", "--out", str(out)])
+    gap.main(["--recipe", str(recipe), "--on", "heldout", "--greedy-only", "--out", str(out)])
+    assert json.loads(out.read_text())["greedy"]["n"] == 12
