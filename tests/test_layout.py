@@ -1,5 +1,5 @@
-"""The house's shape: the library never imports its users, light stages load no torch, templates ship
-as package data."""
+"""The house's shape: the library never imports its users, the product never imports research/, light
+stages load no torch, templates ship as package data."""
 
 from __future__ import annotations
 
@@ -27,6 +27,14 @@ def test_the_library_never_imports_stages_flows_scripts_or_benchmarks():
     for path in (ROOT / "self_improve").rglob("*.py"):
         users = {m for m in _imported_modules(path) if m.split(".")[0] in ("stages", "flows", "scripts", "benchmarks")}
         assert not users, f"{path.relative_to(ROOT)} imports {sorted(users)}"
+
+
+def test_nothing_in_the_product_imports_research():
+    """research/ holds analyses and kept runs: self_improve/, stages/ and flows/ never lean on it."""
+    for folder in ("self_improve", "stages", "flows"):
+        for path in (ROOT / folder).rglob("*.py"):
+            found = {m for m in _imported_modules(path) if m.split(".")[0] == "research"}
+            assert not found, f"{path.relative_to(ROOT)} imports {sorted(found)}"
 
 
 def test_flows_scripts_and_benchmarks_use_the_library_not_the_stages_internals():
