@@ -201,8 +201,8 @@ def test_readme_results_are_the_reports_figures():
     for start, table in tables:
         before = "\n".join(section[prev_end:start])
         prev_end = start + len(table)
-        named = re.findall(r"\]\((reports/[^)#\s]+\.md)\)", before)
-        assert named, f"no reports/ file named before the table {table[0]!r}"
+        named = re.findall(r"\]\(((?:reports|research)/[^)#\s]+\.md)\)", before)
+        assert named, f"no reports/ or research/ file named before the table {table[0]!r}"
         source = ROOT / named[-1]
         assert source.exists(), f"{named[-1]} does not exist"
         sources.append(named[-1])
@@ -217,7 +217,8 @@ def test_readme_results_are_the_reports_figures():
         wrong, nearest = min(problems, key=lambda p: len(p[0]))
         assert not wrong, (f"README's table {table[0]!r} is no row of {named[-1]}; nearest, row "
                            f"{nearest}:\n  " + "\n  ".join(wrong))
-    assert any("seeds" in s or "bstar" in s for s in sources) and any("smollm2" in s for s in sources), sources
+    assert any("seeds" in s or "bstar" in s for s in sources), sources  # the tiny model's
+    assert any("smollm2" in s or s.startswith("research/") for s in sources), sources  # and the real model's
 
 
 FIGURE = re.compile(r"(?<![\w.])[+-]?(\d+\.\d{2,4})(?![\w.])")
@@ -227,8 +228,10 @@ NOT_KEPT: dict[tuple[str, str], str] = {}
 
 
 def _reported() -> set[str]:
-    """Every decimal number written under reports/, as written and rounded to 2, 3 and 4 decimals."""
-    text = "\n".join(p.read_text(encoding="utf-8", errors="ignore") for p in sorted((ROOT / "reports").rglob("*"))
+    """Every decimal number written under reports/ and research/ (the kept runs and their analyses), as
+    written and rounded to 2, 3 and 4 decimals."""
+    text = "\n".join(p.read_text(encoding="utf-8", errors="ignore")
+                     for folder in ("reports", "research") for p in sorted((ROOT / folder).rglob("*"))
                      if p.is_file() and p.suffix in {".md", ".json", ".jsonl", ".csv", ".txt"})
     out = set()
     for m in NUMBER.finditer(text):
@@ -240,7 +243,7 @@ def _reported() -> set[str]:
 
 def test_every_figure_in_the_docs_is_a_figure_of_reports():
     """Each decimal figure in README.md and docs/ (two to four decimals: accuracies, gains, their
-    spreads) is a number written under reports/ (as written, or rounded), so a figure retyped by hand
+    spreads) is a number written under reports/ or research/ (as written, or rounded), so a figure retyped by hand
     and gone wrong, or one whose report was never kept, fails here; the few from runs that kept no
     report are listed above."""
     reported = _reported()
