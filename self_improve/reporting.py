@@ -122,6 +122,39 @@ def choice_markdown(df: pd.DataFrame) -> list[str]:
     return lines + [""]
 
 
+def category_markdown(df: pd.DataFrame) -> list[str]:
+    """Held-out accuracy per category at every iteration, the last one's gain over it0 with its paired
+    95% interval, and the shortcut floor (the best policy that reads only the question) beside it:
+    a shortcut shows as one category rising while the others fall."""
+    cats = sorted({k.split("/", 1)[1] for k in df.columns if k.startswith("accuracy/")})
+    if not cats:
+        return []
+    first, last = df.iloc[0], df.iloc[-1]
+    floor = "floor" in df.columns and pd.notna(first.get("floor"))
+    lines = ["## Per category (held-out)", ""]
+    if floor:
+        lines += [f"Shortcut floor (the best policy that reads only the question, `floor/<policy>`): "
+                  f"{first['floor']:.3f}; {last['iteration']}'s paired gain over it: "
+                  f"{_gain(last, 'floor_gain', '')}.", ""]
+    its = list(df["iteration"])
+    head = ["category", *its, f"gain {its[0]} -> {its[-1]} [95% CI]"] + (["floor", f"{its[-1]} - floor"] if floor else [])
+    lines += ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for c in cats:
+        cells = [c, *(_fmt(r.get(f"accuracy/{c}")) for _, r in df.iterrows()), _gain(last, "accuracy_gain", f"/{c}")]
+        if floor:
+            f = first.get(f"floor/{c}")
+            cells += ["–" if f is None or pd.isna(f) else f"{f:.3f}", _gain(last, "floor_gain", f"/{c}")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def _gain(row, name: str, tail: str) -> str:
+    g, lo, hi = (row.get(f"{name}{x}{tail}") for x in ("", "_lo", "_hi"))
+    if g is None or pd.isna(g):
+        return "–"
+    return f"{g:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+
+
 def summary_markdown(df: pd.DataFrame, params: Params, figures: list[str],
                      per_iteration: dict[str, pd.DataFrame] | None = None,
                      alarm: list[str] | None = None) -> str:
@@ -165,7 +198,7 @@ def summary_markdown(df: pd.DataFrame, params: Params, figures: list[str],
                          for _, r in df.iloc[1:].iterrows())
         lines.append("- win rate against the previous model, judged by the new one (prompts with both "
                      f"answers scored): {wins}")
-    lines += [""] + choice_markdown(df) + [f"![{f}]({f})" for f in figures] + [""]
+    lines += [""] + category_markdown(df) + choice_markdown(df) + [f"![{f}]({f})" for f in figures] + [""]
     if per_iteration:
         lines += examples_markdown(per_iteration)
     return "\n".join(lines)

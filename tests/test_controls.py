@@ -127,3 +127,21 @@ def test_train_coverage_is_the_least_trained_categorys_share_against_its_held_ou
     no_mul = pd.DataFrame({"category": ["add"] * 6 + ["sub"] * 4})
     assert train_coverage(no_mul, held) == {"train_coverage": 0.0}
     assert train_coverage(even, held.assign(category="add")) == {}  # one category: nothing to cover
+
+
+def test_the_summary_shows_each_category_its_gain_and_the_floor():
+    from self_improve.reporting import category_markdown
+
+    df = pd.DataFrame([{"iteration": "it0", "accuracy/add": 0.2, "accuracy/sub": 0.1, "floor": 0.5,
+                        "floor/add": 1.0, "floor/sub": 0.0},
+                       {"iteration": "it1", "accuracy/add": 0.9, "accuracy/sub": 0.05,
+                        "accuracy_gain/add": 0.7, "accuracy_gain_lo/add": 0.6, "accuracy_gain_hi/add": 0.8,
+                        "accuracy_gain/sub": -0.05, "accuracy_gain_lo/sub": -0.1, "accuracy_gain_hi/sub": 0.0,
+                        "floor_gain": -0.025, "floor_gain_lo": -0.05, "floor_gain_hi": 0.0,
+                        "floor_gain/add": -0.1, "floor_gain_lo/add": -0.2, "floor_gain_hi/add": 0.0,
+                        "floor_gain/sub": 0.05, "floor_gain_lo/sub": 0.0, "floor_gain_hi/sub": 0.1}])
+    text = "\n".join(category_markdown(df))
+    assert "floor" in text and "0.500" in text and "-0.025 [-0.050, +0.000]" in text
+    assert "| add | 0.200 | 0.900 | +0.700 [+0.600, +0.800] | 1.000 | -0.100 [-0.200, +0.000] |" in text
+    assert "| sub | 0.100 | 0.050 | -0.050 [-0.100, +0.000] | 0.000 | +0.050 [+0.000, +0.100] |" in text
+    assert category_markdown(pd.DataFrame([{"iteration": "it0", "accuracy": 0.3}])) == []
