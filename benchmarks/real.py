@@ -215,7 +215,7 @@ def train_stage(model_dir: Path, prompts: list[str], responses: list[str], micro
     from self_improve.models.loading import write_base_record
 
     work = tmp / f"train-micro{micro_batch}{'-bf16' if bf16 else ''}{'-native' if native else ''}"
-    work.mkdir()
+    work.mkdir(parents=True)
     write_base_record(resolve_base(ModelConfig(base=str(model_dir))), work / "it0", {"bench": True})
     n = len(prompts)
     sft = pd.DataFrame({"iteration": "it1", "prompt_id": [f"p{i}" for i in range(n)], "prompt": prompts,
@@ -350,7 +350,8 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps(result["scoring"]), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         result["train"] = [train_stage(model_dir, prompts, responses, m, Path(tmp)) for m in (8, 64)]
-        result["train_precision"] = precision(model_dir, prompts, responses, Path(tmp))
+        # its own folder: the memory runs above already used train-micro8 in this one
+        result["train_precision"] = precision(model_dir, prompts, responses, Path(tmp) / "precision")
     print(json.dumps(result["train"]), flush=True)
     print(json.dumps(result["train_precision"]), flush=True)
     if args.loop_timings and args.loop_seconds:

@@ -272,6 +272,15 @@ def diagnose(judged: pd.DataFrame, cfg: JudgeConfig, pcfg: PairsConfig, verdict:
     if len(pairs) and pairs["weight"].notna().any():
         w = pairs["weight"].astype(float)
         out["pair_precision_weighted"] = float((w * precise).sum() / w.sum()) if w.sum() > 0 else None
+    cats = judged["category"].fillna("(none)")
+    if cats.nunique() > 1:  # where a rule's labels are right: a shortcut is right on one category only
+        pair_cat = pairs["prompt_id"].map(judged.drop_duplicates("prompt_id").set_index("prompt_id")["category"]).fillna("(none)")
+        out["by_category"] = {}
+        for c in sorted(cats.unique()):
+            qc = judge_quality(judged[cats == c], verdict, verify)
+            pc = precise[(pair_cat == c).to_numpy()]
+            out["by_category"][c] = {"label_precision": qc["label_accuracy"], "label_coverage": qc["label_coverage"],
+                                     "pairs": int(len(pc)), "pair_precision": float(pc.mean()) if len(pc) else None}
     return out
 
 
@@ -362,6 +371,16 @@ def table(r: dict) -> str:
                          f"{_f(q['invalid_share'])} | {_f(q.get('right_rejected'))} | {'yes' if met else ''} | "
                          f"{q['seconds']} |")
         lines.append("")
+        cats = sorted({c for q in judges.values() for c in q.get("by_category", {})})
+        if cats:
+            lines += ["Per category: label precision (label coverage) / pair precision (pairs)", "",
+                      "| rule | " + " | ".join(cats) + " |", "|---|" + "---|" * len(cats)]
+            for name, q in judges.items():
+                by = q.get("by_category", {})
+                lines.append(f"| {name} | " + " | ".join(
+                    f"{_f(by[c]['label_precision'])} ({_f(by[c]['label_coverage'])}) / {_f(by[c]['pair_precision'])} "
+                    f"({by[c]['pairs']})" if c in by else "" for c in cats) + " |")
+            lines.append("")
     return "\n".join(lines)
 
 
