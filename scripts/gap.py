@@ -155,7 +155,9 @@ def main(argv: list[str] | None = None) -> None:
                            seed=derive_seed(params.seed, "judge", "it1"), batch_size=params.sample.batch_size,
                            max_tokens=params.sample.score_tokens, max_length=params.model.max_length,
                            verify=task.verify, question=getattr(task, "question", lambda prompt: prompt),
-                           frozen_template=load_template(template_path(params, "correct_template")))
+                           frozen_template=load_template(template_path(params, "correct_template")),
+                           inverse=getattr(task, "inverse", None),
+                           extract=lambda response: task.extract(response).answer)
         model_based = temperature == params.sample.temperature
         result["judges"][str(temperature)] = {}
         for name in args.judges:
@@ -206,6 +208,11 @@ RULES = {  # name -> judge and pairs overrides: today's judges and the label-fre
     "self_harmony+validity_any": {"method": "co_reward", "cross_view": "harmonic", "validity": True, "restates": "any"},
     "scpo+validity_any": {"method": "vote_share", "min_share": 0.5, "validity": True, "restates": "any",
                           "pairs.weight": "margin"},
+    # self-verification by inverse problems (judges/inverse.py)
+    "majority_vote+inverse": {"method": "majority_vote", "inverse": True},
+    "scpo+inverse": {"method": "vote_share", "min_share": 0.5, "inverse": True, "pairs.weight": "margin"},
+    "scpo+validity_any+inverse": {"method": "vote_share", "min_share": 0.5, "validity": True, "restates": "any",
+                                  "inverse": True, "pairs.weight": "margin"},
     # the control arms (judges/controls.py); random's pair budget is the controlled rule's, set with -S pairs.max_pairs
     "random": {"method": "random"},
     "format": {"method": "format"},

@@ -72,14 +72,19 @@ def main(argv: list[str] | None = None) -> None:
                            max_length=params.model.max_length, verify=task.verify,
                            question=getattr(task, "question", lambda prompt: prompt),
                            frozen_template=frozen_template)
-        if judge.needs_policy or judge.needs_reference or consistency or frozen:
+        if cfg.inverse:
+            if not hasattr(task, "inverse"):
+                raise ConfigError(f"judge.inverse: task {params.task.name.value} poses no inverse problems "
+                                  "(word_math and reasoning_gym do)")
+            ctx.inverse, ctx.extract = task.inverse, lambda response: task.extract(response).answer
+        if judge.needs_policy or judge.needs_reference or consistency or frozen or cfg.inverse:
             from self_improve.models.loading import (  # torch: only for judges that run a model
                 load_model,
                 set_threads,
             )
 
             set_threads()
-        if judge.needs_policy:
+        if judge.needs_policy or cfg.inverse:
             ctx.policy = ModelHandle(*load_model(args.model, security=params.security, base=args.base,
                                                  model_cfg=params.model))
         if judge.needs_reference or consistency:

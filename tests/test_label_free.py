@@ -191,8 +191,8 @@ def test_frozen_judge_scores_with_the_base_model_on_real_samples(bpe_model_dir):
 
 @pytest.mark.loop
 def test_a_loop_with_the_label_free_rules_on_a_chat_model(tmp_path_factory, bpe_model_dir):
-    """ScPO's vote share with its gate and margin weights, the validity check and the frozen judge,
-    through every stage of a real loop (DPO on a chat model, word problems, no maj@k)."""
+    """ScPO's vote share with its gate and margin weights, the validity check, the frozen judge and the
+    inverse problems' check, through every stage of a real loop (DPO on a chat model, word problems, no maj@k)."""
     from self_improve import artifacts as art
     from tests.test_tasks import _loop
 
@@ -201,7 +201,7 @@ def test_a_loop_with_the_label_free_rules_on_a_chat_model(tmp_path_factory, bpe_
         "sample": {"k": 4, "temperature": 1.0}, "evaluate": {"k": 0},
         "evolve": {"fresh": 4, "keep_top": 2, "rewrites": 1},
         "judge": {"method": "vote_share", "min_share": 0.5, "validity": True, "frozen": "yes_logprob",
-                  "frozen_mix": 0.5},
+                  "frozen_mix": 0.5, "inverse": True, "max_new_tokens": 8},
         "pairs": {"weight": "margin"}})
     n_pairs = 0
     for it in ("it1", "it2", "it3"):
@@ -311,3 +311,56 @@ def test_restates_any_catches_a_restated_operand_the_first_rule_lets_through():
     s = _samples(["18", "18", "18", "7"], responses=["Omar loses 18 pencils."] * 3 + ["25 - 18 = 7"], prompt=q)
     out = judge_samples(s, JudgeConfig(method="majority_vote", validity=True, restates="any"))
     assert list(out["valid"]) == [False, False, False, True] and set(out["label"].dropna()) == {"7"}
+
+
+# self-verification by inverse problems
+
+
+def test_inverse_problems_hide_a_number_of_the_question_and_give_the_answer():
+    from self_improve.tasks.inverse import expression_inverse
+
+    q = "State the final answer to the following arithmetic problem: 34 - 21 ="
+    assert expression_inverse(q, "13") == [("Find the number x such that x - 21 = 13.", "34")]
+    assert expression_inverse(q, "55") == [("Find the number x such that x - 21 = 55.", "34")]  # 76 comes back, not 34
+    assert expression_inverse("Calculate 4 * 7 + 2.", "30") == []  # not one two-number expression
+    assert expression_inverse(q, None) == [] and expression_inverse(q, "many") == []
+    from self_improve.tasks.word_math import WordProblem
+
+    task = task_for(TaskConfig(name="word_math", heldout_size=4, ttt_size=4, instruction="Answer with the final number only."))
+    asked = task.show(WordProblem(9, (("add", 3),), "Tom", "marbles").prompt)  # Tom has 9 marbles. Tom buys 3 more ...
+    (prompt, hidden), = task.inverse(asked, "12")
+    assert hidden == "9" and "Now Tom has 12 marbles." in prompt and "9" not in prompt.split("\n")[0]
+    assert prompt.endswith("\nAnswer with the final number only.")
+    assert task.inverse(asked, "1.5") == [] and task.inverse("not a word problem", "3") == []
+
+
+def test_an_answer_whose_inverse_fails_loses_its_votes():
+    s = _samples(["55"] * 5 + ["13"] * 3, prompt="Calculate 34 - 21.")
+    ctx = JudgeContext(progress=False)
+    ctx._scores["inverse"] = {"prompt_id": {("p", "55"): 0.0, ("p", "13"): 1.0}}  # as the policy solved them
+    plain = judge_samples(s, JudgeConfig(method="vote_share", min_share=0.5))
+    assert set(plain["label"]) == {"55"}
+    checked = judge_samples(s, JudgeConfig(method="vote_share", min_share=0.3, inverse=True, inverse_weight=0.25), ctx)
+    assert set(checked["label"]) == {"13"}  # 5/8 x 0.25 < 3/8
+    assert list(checked["reward"]) == pytest.approx([5 / 8 * 0.25] * 5 + [3 / 8] * 3)
+    # the gate reads the vote share, not the weighed score: 13, on top, has 3/8 of the votes, under 0.5
+    assert judge_samples(s, JudgeConfig(method="vote_share", min_share=0.5, inverse=True), ctx)["label"].isna().all()
+    with pytest.raises(ValueError, match="inverse: weighs the votes of a vote judge"):
+        JudgeConfig(method="verifier", inverse=True)
+    with pytest.raises(ValueError, match="needs the task's inverse problems"):
+        judge_samples(s, JudgeConfig(method="vote_share", inverse=True), JudgeContext())
+
+
+def test_the_policy_solves_the_inverse_problems_with_a_real_model(bpe_model_dir):
+    from self_improve.judges.inverse import inverse_checks
+    from self_improve.models.loading import load_model
+
+    from self_improve.tasks.word_math import WordProblem
+
+    task = task_for(TaskConfig(name="word_math", heldout_size=4, ttt_size=4))
+    s = _samples(["12", "12", "9", None], prompt=WordProblem(9, (("add", 3),), "Tom", "marbles").prompt)
+    ctx = JudgeContext(policy=ModelHandle(*load_model(bpe_model_dir)), progress=False, inverse=task.inverse,
+                       extract=lambda r: task.extract(r).answer)
+    got = inverse_checks(s, "prompt_id", ctx, max_new_tokens=8)
+    assert set(got) == {("p", "12"), ("p", "9")} and all(v in (0.0, 1.0) for v in got.values())
+    assert inverse_checks(s, "prompt_id", ctx, max_new_tokens=8) is got  # computed once per context

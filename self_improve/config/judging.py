@@ -105,6 +105,15 @@ class JudgeConfig(_Section):
         0.0, ge=0, le=1, description="judge.frozen: the judge's weights are (1 - mix) x it0 + mix x the model "
         "that sampled (0: it0 frozen; between: a slowly moving judge that follows the policy part way)",
     )
+    inverse: bool = Field(
+        False, description="vote judges: self-verification by inverse problems; the policy solves each proposed "
+        "answer's problem backwards (the answer given, a number of the question hidden) and an answer that does "
+        "not come back to the hidden number has its votes weighed by inverse_weight (tasks with inverse problems: "
+        "word_math, reasoning_gym's two-number expressions)",
+    )
+    inverse_weight: float = Field(
+        0.25, ge=0, le=1, description="judge.inverse: the weight of the votes of an answer whose inverse fails",
+    )
     format_max_chars: int = Field(
         200, ge=1, description="format: the longest response (characters) the format reward calls short",
     )
@@ -113,7 +122,8 @@ class JudgeConfig(_Section):
     )
     judgments: int = Field(3, ge=1, description="llm_judge: judgments per response, averaged")
     temperature: float = Field(0.7, gt=0, description="llm_judge: sampling temperature of the judge")
-    max_new_tokens: int = Field(48, ge=1, description="llm_judge: length of the judge's answer")
+    max_new_tokens: int = Field(48, ge=1, description="llm_judge: length of the judge's answer; inverse: of the "
+                                "policy's answer to an inverse problem")
     max_prompts: Optional[int] = Field(
         32, ge=1, description="llm_judge mode generate: prompts judged per iteration (seeded choice; None: all)"
     )
@@ -121,6 +131,9 @@ class JudgeConfig(_Section):
     @model_validator(mode="after")
     def _vote_options(self) -> "JudgeConfig":
         votes = (JudgeMethod.majority_vote, JudgeMethod.co_reward, JudgeMethod.vote_share)
+        if self.inverse and self.method not in votes:
+            raise ValueError(f"inverse: weighs the votes of a vote judge ({', '.join(m.value for m in votes)}), "
+                             f"not {self.method.value}")
         if self.frozen != FrozenJudge.none and self.method not in votes:
             raise ValueError(f"frozen: weighs the votes of a vote judge ({', '.join(m.value for m in votes)}), "
                              f"not {self.method.value}")

@@ -52,6 +52,8 @@ class JudgeContext:
     question: Callable[[str], str] = lambda prompt: prompt  # the task's question without its instruction
     frozen: Optional[ModelHandle] = None  # judge.frozen: the base model, adapters off
     frozen_template: Optional[str] = None  # judge.correct_template, for the frozen judge
+    inverse: Optional[Callable[[str, str], list]] = None  # judge.inverse: the task's inverse problems
+    extract: Optional[Callable[[str], Optional[str]]] = None  # judge.inverse: the task's reading of an answer
     _scores: dict = field(default_factory=dict)
 
     def scores(self, which: str, samples: pd.DataFrame):

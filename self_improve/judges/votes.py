@@ -1,6 +1,6 @@
 """The vote judges (majority_vote, co_reward, vote_share) and the label-free rules they take: the
 min_share gate and its low-consensus handling, Self-Harmony's cross-view label, the validity check,
-the frozen judge's weights."""
+the frozen judge's weights, the inverse problems' check (judges/inverse.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pandas as pd
 
 from self_improve.config import CrossView, FrozenJudge, JudgeConfig, LowConsensus
 from self_improve.judges.base import JudgeContext, Verdicts
+from self_improve.judges.inverse import inverse_checks
 from self_improve.judges.model import frozen_yes
 
 
@@ -66,6 +67,7 @@ def _vote_by(key: str, share_reward: bool = False) -> Callable[[pd.DataFrame, Ju
     def judge(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext) -> Verdicts:
         preds = [p if isinstance(p, str) else None for p in samples["pred"]]
         frozen = frozen_yes(samples, ctx) if cfg.frozen != FrozenJudge.none else None
+        checked = inverse_checks(samples, key, ctx, cfg.max_new_tokens) if cfg.inverse else None
         harmonic = key == "group_id" and cfg.cross_view == CrossView.harmonic
         label = [None] * len(samples)
         reward: list[Optional[float]] = [None] * len(samples)
@@ -83,6 +85,10 @@ def _vote_by(key: str, share_reward: bool = False) -> Callable[[pd.DataFrame, Ju
             if fz is not None:
                 weights = frozen_weights(ps, fz)
                 scores = {a: s * weights.get(a, 0.0) for a, s in scores.items()}
+            if checked is not None:  # self-verification: an answer whose inverse does not come back weighs less
+                group = samples[key].iloc[idx[0]]
+                scores = {a: s * (cfg.inverse_weight if checked.get((group, a)) == 0.0 else 1.0)
+                          for a, s in scores.items()}
             top = top_answer(scores, cfg.min_harmony) if harmonic else top_answer(scores, cfg.min_share, shares)
             if top is None:
                 if penalise:  # RESTRAIN: a prompt without a trustworthy majority: every sample wrong

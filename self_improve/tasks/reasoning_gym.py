@@ -33,6 +33,7 @@ from self_improve.errors import ConfigError
 from self_improve.tasks.answers import Extracted, extract
 from self_improve.tasks.base import TaskSets, frame, prompt_rows, seed_frame
 from self_improve.tasks.files import FileTask
+from self_improve.tasks.inverse import expression_inverse
 
 _ANSWER_TAG = re.compile(r"<answer>\s*(.*?)\s*</answer>", re.DOTALL | re.IGNORECASE)
 
@@ -125,6 +126,11 @@ class ReasoningGymTask(FileTask):
     def extract(self, response: str | None) -> Extracted:
         tagged = _ANSWER_TAG.search(response or "")
         return extract(tagged.group(1) if tagged else response)
+
+    def inverse(self, prompt: str, answer: str | None) -> list[tuple[str, str]]:
+        """An arithmetic question asked backwards with `answer` proposed (tasks/inverse.py), shown as
+        the task shows its questions; [] for a question that is not one two-number expression."""
+        return [(self.show(q), hidden) for q, hidden in expression_inverse(self.question(prompt), answer)]
 
     def entry_label(self, category: Optional[str]) -> Optional[str]:
         """The entry a category belongs to (its label, with or without the operations `category_of` adds)."""

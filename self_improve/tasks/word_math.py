@@ -119,6 +119,16 @@ class WordProblem:
         return (self.start, self.steps)
 
 
+def inverse_text(p: WordProblem, answer: str) -> str:
+    """The problem asked backwards: its start hidden, its end given as `answer`."""
+    parts = [f"{p.name} starts with some {p.item}."]
+    for i, (op, n) in enumerate(p.steps):
+        ts = STEP[op]
+        parts.append(ts[(p.style // 3 + i) % len(ts)].format(name=p.name, n=n, item=p.item))
+    parts.append(f"Now {p.name} has {answer} {p.item}. How many {p.item} did {p.name} start with?")
+    return " ".join(parts)
+
+
 def parse(prompt: str) -> WordProblem:
     """The problem a word_math prompt states (any phrasing); ValueError for other text."""
     sentences = _SENTENCE.split(prompt.strip())
@@ -240,6 +250,17 @@ class WordMathTask(FreeTextAnswers, ProceduralTask):
         self.levels = [tuple(level.split("+")) for level in cfg.levels]
         self.gen = Generator(cfg.max_number, cfg.max_factor)
         self.instruction = cfg.instruction
+
+    def inverse(self, prompt: str, answer: str | None) -> list[tuple[str, str]]:
+        """The problem asked backwards with `answer` proposed: its start hidden (tasks/inverse.py);
+        [] for a prompt that is not a word problem or an answer that is not a whole number."""
+        if not isinstance(answer, str) or not re.fullmatch(r"-?\d+", answer.strip()):
+            return []
+        try:
+            p = parse(self.question(prompt))
+        except ValueError:
+            return []
+        return [(self.show(inverse_text(p, answer.strip())), str(p.start))]
 
     def parse(self, prompt: str) -> "_Shown":
         return _Shown(parse(self.question(prompt)), self)
