@@ -50,8 +50,8 @@ def _mean_sd(values: list[float], signed: bool = False) -> str:
     if not values:
         return ""
     f = "{:+.3f}" if signed else "{:.3f}"
-    if len(values) == 1:
-        return f.format(values[0]) + " (1 seed)"
+    if len(values) == 1:  # the arm's row says how many seeds it has
+        return f.format(values[0])
     return f"{f.format(statistics.mean(values))} +- {statistics.stdev(values):.3f}"
 
 
