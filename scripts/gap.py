@@ -171,6 +171,8 @@ def main(argv: list[str] | None = None) -> None:
             judged = judge_samples(samples, cfg, ctx)
             q = diagnose(judged, cfg, pcfg, judge.verdict, task.verify, derive_seed(params.seed, "pairs", "it1"))
             q["seconds"] = round(time.perf_counter() - t, 1)
+            if cfg.inverse:  # how often an answer's inverse came back, for right and for wrong answers
+                q.update(inverse_rates(judged, ctx, "group_id" if cfg.method == JudgeMethod.co_reward else "prompt_id"))
             if cfg.method == JudgeMethod.llm_judge and cfg.mode == JudgeMode.yes_logprob:
                 # at it0 the frozen judge is the policy itself: its P(Yes) on these samples is this one
                 ctx._scores.setdefault("frozen_yes", [None if pd.isna(x) else float(x) for x in judged["reward"]])
@@ -209,10 +211,11 @@ RULES = {  # name -> judge and pairs overrides: today's judges and the label-fre
     "scpo+validity_any": {"method": "vote_share", "min_share": 0.5, "validity": True, "restates": "any",
                           "pairs.weight": "margin"},
     # self-verification by inverse problems (judges/inverse.py)
-    "majority_vote+inverse": {"method": "majority_vote", "inverse": True},
-    "scpo+inverse": {"method": "vote_share", "min_share": 0.5, "inverse": True, "pairs.weight": "margin"},
+    "majority_vote+inverse": {"method": "majority_vote", "inverse": True, "max_new_tokens": 16},
+    "scpo+inverse": {"method": "vote_share", "min_share": 0.5, "inverse": True, "max_new_tokens": 16,
+                     "pairs.weight": "margin"},
     "scpo+validity_any+inverse": {"method": "vote_share", "min_share": 0.5, "validity": True, "restates": "any",
-                                  "inverse": True, "pairs.weight": "margin"},
+                                  "inverse": True, "max_new_tokens": 16, "pairs.weight": "margin"},
     # the control arms (judges/controls.py); random's pair budget is the controlled rule's, set with -S pairs.max_pairs
     "random": {"method": "random"},
     "format": {"method": "format"},
@@ -240,6 +243,18 @@ def rule(name: str, params) -> tuple[JudgeConfig, PairsConfig]:
                for sec in ("judge", "pairs")}
     return (JudgeConfig(**{**params.judge.model_dump(), **section["judge"]}),
             PairsConfig(**{**params.pairs.model_dump(), **section["pairs"]}))
+
+
+def inverse_rates(judged: pd.DataFrame, ctx: JudgeContext, key: str) -> dict:
+    """The share of proposed answers whose inverse problems came back to the hidden number, among right
+    and among wrong answers (the gold read here only to measure the check)."""
+    checked = ctx._scores.get("inverse", {}).get(key, {})
+    right = {(g, p): c for g, p, c in zip(judged[key], judged["pred"], judged["correct"]) if isinstance(p, str)}
+    out = {}
+    for name, want in (("inverse_confirms_right", True), ("inverse_confirms_wrong", False)):
+        got = [v for k, v in checked.items() if v is not None and k in right and (float(right[k]) >= 0.5) == want]
+        out[name] = sum(got) / len(got) if got else None
+    return out
 
 
 def sample_stats(samples: pd.DataFrame, task, params, seconds: float) -> dict:
@@ -360,6 +375,7 @@ def table(r: dict) -> str:
                   + f"); right answers rejected: {v['right_rejected']:.3f}", ""]
     for temperature, judges in r["judges"].items():
         s = r["samples"][temperature]
+        notes: list[str] = []
         lines += [f"### temperature {temperature}: {s['n']} samples (k {s['k']}) over {s['prompts']} prompts, "
                   f"accuracy {s['accuracy']:.3f}, distinct answers per prompt {s['distinct_answers']:.2f}, "
                   f"unanimous prompts {s['unanimous_share']:.2f}, unreadable {s['extract_failure_rate']:.3f}, "
@@ -368,6 +384,9 @@ def table(r: dict) -> str:
                   "judge AUC | invalid share | right answers rejected | aim met | seconds |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for name, q in judges.items():
+            if q.get("inverse_confirms_right") is not None or q.get("inverse_confirms_wrong") is not None:
+                notes.append(f"{name}: the inverse problems came back for {_f(q.get('inverse_confirms_right'))} of the "
+                             f"right answers proposed and {_f(q.get('inverse_confirms_wrong'))} of the wrong ones")
             met = (q["pair_precision"] is not None and q["pair_precision"] >= 0.65
                    and (q["pair_coverage"] or 0) >= 0.25)
             precision = _f(q["pair_precision"])
@@ -378,6 +397,8 @@ def table(r: dict) -> str:
                          f"{_f(q['invalid_share'])} | {_f(q.get('right_rejected'))} | {'yes' if met else ''} | "
                          f"{q['seconds']} |")
         lines.append("")
+        if notes:
+            lines += [f"- {n}" for n in notes] + [""]
         cats = sorted({c for q in judges.values() for c in q.get("by_category", {})})
         if cats:
             lines += ["Per category: label precision (label coverage) / pair precision (pairs)", "",
@@ -385,8 +406,9 @@ def table(r: dict) -> str:
             for name, q in judges.items():
                 by = q.get("by_category", {})
                 lines.append(f"| {name} | " + " | ".join(
-                    f"{_f(by[c]['label_precision'])} ({_f(by[c]['label_coverage'])}) / {_f(by[c]['pair_precision'])} "
-                    f"({by[c]['pairs']})" if c in by else "" for c in cats) + " |")
+                    (f"{_f(by[c]['label_precision'])} ({_f(by[c]['label_coverage'])})" if by[c]["label_coverage"]
+                     is not None else "–") + f" / {_f(by[c]['pair_precision'])} ({by[c]['pairs']})"
+                    if c in by else "" for c in cats) + " |")
             lines.append("")
     return "\n".join(lines)
 
