@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import random
-import re
 from pathlib import Path
 
 import numpy as np
@@ -230,9 +229,9 @@ def gains(base: pd.DataFrame, new: pd.DataFrame) -> dict[str, float]:
         rows = new[new["set"] == set_name]
         n = rows.set_index("prompt_id")["correct"]
         both = b.index.intersection(n.index)
-        cats = rows.set_index("prompt_id")["category"].fillna("(none)") if "category" in rows else None
+        cats = rows.set_index("prompt_id")["category"].fillna("(none)")
         parts = [("", both)]
-        if cats is not None and cats.loc[both].nunique() > 1:
+        if cats.loc[both].nunique() > 1:
             parts += [(f"/{metric_name(c)}", both[(cats.loc[both] == c).to_numpy()])
                       for c in sorted(cats.loc[both].unique())]
         for tail, ids in parts:
