@@ -294,7 +294,8 @@ def test_a_result_whose_answers_cannot_be_kept_is_not_kept(tmp_path):
 
 
 def test_a_kept_result_carries_accuracy_per_category(tmp_path):
-    """A mix of reasoning-gym datasets (or a task's levels) is read per dataset from kept results."""
+    """A mix of reasoning-gym datasets (or a task's levels) is read per dataset from kept results, with the
+    shortcut floors and the training mix; the stage's own timings are not kept."""
     import json
 
     from scripts.seeds import keep_result
@@ -307,11 +308,17 @@ def test_a_kept_result_carries_accuracy_per_category(tmp_path):
         (work / "reports" / "iterations" / it).mkdir(parents=True)
         (work / "reports" / "iterations" / it / "metrics.json").write_text(json.dumps(
             {"iteration": it, "accuracy": 0.3, "accuracy/chain_sum-2x12": 0.2, "ttt_accuracy/chain_sum-2x12": 0.25,
+             "accuracy_gain/chain_sum-2x12": 0.1, "accuracy_gain_lo/chain_sum-2x12": 0.05, "floor": 0.4,
+             "floor/chain_sum-2x12": 0.5, "floor_gain": -0.1, "train_coverage": 1.0,
              "mix_chain_sum-2x12": 0.5, "train_seconds": 9.0}))
     text = (ROOT / "params.yaml").read_text()
     kept = json.loads(keep_result("g-s0", [], tmp_path / "g-s0.json", work, ran=text, base=text, wall=1.0).read_text())
+    # per category: accuracy, the gain over it0 and over the floor, the floors, the training mix and its coverage
     assert kept["metrics"]["it1"] == {"accuracy": 0.3, "accuracy/chain_sum-2x12": 0.2,
-                                      "ttt_accuracy/chain_sum-2x12": 0.25}
+                                      "ttt_accuracy/chain_sum-2x12": 0.25, "accuracy_gain/chain_sum-2x12": 0.1,
+                                      "accuracy_gain_lo/chain_sum-2x12": 0.05, "floor": 0.4,
+                                      "floor/chain_sum-2x12": 0.5, "floor_gain": -0.1, "train_coverage": 1.0,
+                                      "mix_chain_sum-2x12": 0.5}
 
 
 def test_a_kept_report_carries_each_iterations_training_metrics(tmp_path):
