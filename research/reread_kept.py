@@ -14,6 +14,7 @@ kept runs' overall held-out accuracy is set beside it.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -66,9 +67,8 @@ def per_category(answers: pd.DataFrame, heldout: pd.DataFrame, it: str) -> dict[
     cats = gold.loc[a.index, "category"]
     out = {c: float(a.loc[cats == c, "correct"].mean()) for c in sorted(cats.unique())}
     out["(all)"] = float(a["correct"].mean())
-    out["= a + b"] = float((a["pred"] == pd.Series(
-        [str(sum(int(n) for n in __import__("re").findall(r"\d+", p.split("\n")[0]))) for p in gold.loc[a.index, "prompt"]],
-        index=a.index)).mean())
+    sums = [str(sum(int(n) for n in re.findall(r"\d+", p.split("\n")[0]))) for p in gold.loc[a.index, "prompt"]]
+    out["= a + b"] = float((a["pred"] == pd.Series(sums, index=a.index)).mean())
     return out
 
 
