@@ -26,8 +26,9 @@ OVERRIDES = {
 @flow(name="self-improve-comas", log_prints=True, validate_parameters=True)
 def self_improve_comas(
     repo: str = ".",
-    recipe: Optional[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$",
-                                          description="a recipe of configs/recipes/, applied first")]] = None,
+    recipe: Optional[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,62}(,[A-Za-z0-9][A-Za-z0-9_.+-]{0,62}){0,3}$",
+                                          description="recipes of configs/recipes/ or configs/rules/, comma-"
+                                                      "separated, applied first: smollm2-gym,scpo")]] = None,
     agents: Optional[Annotated[int, Field(ge=2, le=8, description="agents.n")]] = None,
     rounds: Optional[Annotated[int, Field(ge=1, le=8, description="agents.rounds")]] = None,
     problems: Optional[Annotated[int, Field(ge=1, description="agents.problems")]] = None,

@@ -95,10 +95,10 @@ OVERRIDES = {
 
 
 def apply_overrides(raw: dict, values: dict, recipe: str | None = None,
-                    overrides: dict[str, str] = OVERRIDES) -> dict:
-    """params.yaml with a recipe (configs/recipes/<recipe>.yaml) and then the given overrides, validated
-    as a whole (a bad mix is refused by key)."""
-    out = recipes.apply(raw, recipes.load(recipe)) if recipe else raw
+                    overrides: dict[str, str] = OVERRIDES, root: Path = Path(".")) -> dict:
+    """params.yaml with recipes (`recipe`: comma-separated names of configs/recipes/ or configs/rules/
+    under `root`) and then the given overrides, validated as a whole (a bad mix is refused by key)."""
+    out = recipes.apply(raw, recipes.load_all(recipes.split(recipe), root)) if recipe else raw
     out = recipes.apply(out, {overrides[param]: value.value if hasattr(value, "value") else value
                               for param, value in values.items()})
     parse_params(out, "params.yaml with the flow's overrides" + (f" and recipe {recipe}" if recipe else ""))
@@ -153,8 +153,9 @@ def _publish(workdir: Path, stage: str, rows: list[dict]) -> None:
 @flow(name="self-improve-loop", log_prints=True, validate_parameters=True)
 def self_improve_loop(
     repo: str = ".",
-    recipe: Optional[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$",
-                                          description="a recipe of configs/recipes/, applied first")]] = None,
+    recipe: Optional[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,62}(,[A-Za-z0-9][A-Za-z0-9_.+-]{0,62}){0,3}$",
+                                          description="recipes of configs/recipes/ or configs/rules/, comma-"
+                                                      "separated, applied first: smollm2-gym,scpo")]] = None,
     judge_method: Optional[JudgeMethod] = None,
     train_algorithm: Optional[Algorithm] = None,
     evolve_strategy: Optional[EvolveStrategy] = None,
@@ -186,8 +187,7 @@ def run_flow(repo: str, recipe: str | None, given: dict, experiment_name: str | 
     root = Path(repo).resolve()
     isolated = bool(given) or recipe is not None or experiment_name is not None
     raw = yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8"))
-    params = apply_overrides(raw, given, str(root / recipes.path_of(recipe)) if recipe else None,
-                             overrides)  # refused here
+    params = apply_overrides(raw, given, recipe, overrides, root)  # refused here
     if not isolated:
         try:
             with workspace_lock(root):

@@ -186,59 +186,16 @@ def main(argv: list[str] | None = None) -> None:
     print(table(result))
 
 
-RULES = {  # name -> judge and pairs overrides: today's judges and the label-free rules
-    "verifier": {"method": "verifier"},
-    "majority_vote": {"method": "majority_vote"},
-    "co_reward": {"method": "co_reward"},
-    "self_certainty": {"method": "self_certainty"},
-    "llm_judge:yes_logprob": {"method": "llm_judge", "mode": "yes_logprob"},
-    "restrain": {"method": "majority_vote", "min_share": 0.5},  # skip prompts without a majority
-    "scpo": {"method": "vote_share", "min_share": 0.5, "pairs.weight": "margin"},
-    "self_harmony": {"method": "co_reward", "cross_view": "harmonic"},
-    "majority_vote+validity": {"method": "majority_vote", "validity": True},
-    "restrain+validity": {"method": "majority_vote", "min_share": 0.5, "validity": True},
-    "scpo+validity": {"method": "vote_share", "min_share": 0.5, "validity": True, "pairs.weight": "margin"},
-    "co_reward+validity": {"method": "co_reward", "validity": True},
-    "self_harmony+validity": {"method": "co_reward", "cross_view": "harmonic", "validity": True},
-    "scpo+frozen": {"method": "vote_share", "min_share": 0.5, "frozen": "yes_logprob", "pairs.weight": "margin"},
-    "scpo+validity+frozen": {"method": "vote_share", "min_share": 0.5, "validity": True,
-                             "frozen": "yes_logprob", "pairs.weight": "margin"},
-    "majority_vote+frozen": {"method": "majority_vote", "frozen": "yes_logprob"},
-    # validity with every number of the question (judge.restates any)
-    "majority_vote+validity_any": {"method": "majority_vote", "validity": True, "restates": "any"},
-    "co_reward+validity_any": {"method": "co_reward", "validity": True, "restates": "any"},
-    "self_harmony+validity_any": {"method": "co_reward", "cross_view": "harmonic", "validity": True, "restates": "any"},
-    "scpo+validity_any": {"method": "vote_share", "min_share": 0.5, "validity": True, "restates": "any",
-                          "pairs.weight": "margin"},
-    # self-verification by inverse problems (judges/inverse.py)
-    "majority_vote+inverse": {"method": "majority_vote", "inverse": True, "max_new_tokens": 16},
-    "scpo+inverse": {"method": "vote_share", "min_share": 0.5, "inverse": True, "max_new_tokens": 16,
-                     "pairs.weight": "margin"},
-    "scpo+validity_any+inverse": {"method": "vote_share", "min_share": 0.5, "validity": True, "restates": "any",
-                                  "inverse": True, "max_new_tokens": 16, "pairs.weight": "margin"},
-    # the control arms (judges/controls.py); random's pair budget is the controlled rule's, set with -S pairs.max_pairs
-    "random": {"method": "random"},
-    "format": {"method": "format"},
-    "validity_only": {"method": "validity_only", "restates": "any"},  # the check of the +validity_any rules
-}
+# the label-free rules and the control arms (configs/rules/<name>.yaml), and the judge that runs a model
+RULES = [*recipes.rules(Path(__file__).resolve().parents[1]), "llm_judge:yes_logprob"]
 
 
 SET_NAMES = {"dev": "dev", "heldout": "held-out"}  # the set a diagnosis read (reports kept before --on: held-out)
 
 
-def rule_overrides(name: str) -> dict[str, object]:
-    """A rule of RULES (or `method[:mode]`) as dotted params overrides: `judge.*` and `pairs.*`."""
-    if name in RULES:
-        over = RULES[name]
-    else:
-        method, _, mode = name.partition(":")
-        over = {"method": method, **({"mode": mode} if mode else {})}
-    return {k if k.startswith("pairs.") else f"judge.{k}": v for k, v in over.items()}
-
-
 def rule(name: str, params) -> tuple[JudgeConfig, PairsConfig]:
-    """A rule of RULES (or `method[:mode]`) as the judge and pairs configs it runs with."""
-    over = rule_overrides(name)
+    """A rule of configs/rules/ (or `method[:mode]`) as the judge and pairs configs it runs with."""
+    over = recipes.rule_overrides(name, Path(__file__).resolve().parents[1])
     section = {sec: {k.split(".", 1)[1]: v for k, v in over.items() if k.startswith(f"{sec}.")}
                for sec in ("judge", "pairs")}
     return (JudgeConfig(**{**params.judge.model_dump(), **section["judge"]}),

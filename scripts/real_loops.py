@@ -42,10 +42,8 @@ def recipe(name: str) -> list[str]:
 
 
 def judge_overrides(judge: str) -> list[str]:
-    """`-S` overrides of a judge: a rule of scripts/gap.py, or judge.method[:mode]."""
-    from scripts.gap import rule_overrides
-
-    return recipes.set_args(rule_overrides(judge))
+    """`-S` overrides of a judge: a rule of configs/rules/, or judge.method[:mode]."""
+    return recipes.set_args(recipes.rule_overrides(judge, ROOT))
 
 
 def run_one(judge: str, seed: int, force: bool, recipe_name: str = "smollm2-v3", *, out: Path | None = None,

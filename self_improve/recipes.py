@@ -1,9 +1,14 @@
-"""Named recipes: params overrides kept as files (configs/recipes/<name>.yaml), read alike by the
-Makefile, the scripts and the Prefect flow, with the one override parser and the one flattener.
+"""Named recipes: params overrides kept as files, read alike by the Makefile, `dvc exp run -S`, the
+runners and the Prefect flow, with the one override parser and the one flattener.
 
-A recipe is a params.yaml fragment: only the keys it changes, nested as in params.yaml. It becomes
-DVC's `-S key=value` arguments (`set_args`), is applied to a params tree (`apply`), or is printed for
-a shell (`python -m self_improve.recipes smollm2-v2 -S sample.backend=hf`, the Makefile's way).
+A recipe is a params.yaml fragment: only the keys it changes, nested as in params.yaml. Two kinds
+share one namespace: setups (configs/recipes/<name>.yaml: a model, a task, their sizes) and rules
+(configs/rules/<name>.yaml: a judge and its pairs, such as `scpo+validity_any` or the control arm
+`random`). Recipes compose left to right: `smollm2-gym scpo` is the gym setup judged by ScPO. A
+recipe becomes DVC's `-S key=value` arguments (`set_args`), is applied to a params tree (`apply`),
+or is printed for a shell, the Makefile's way:
+
+    dvc exp run $(python -m self_improve.recipes smollm2-gym scpo -S seed=1)
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from self_improve.config import flatten_tree as flatten
 from self_improve.errors import ConfigError
 
 RECIPES = Path("configs/recipes")
+RULES = Path("configs/rules")
 
 
 def parse_assignment(text: str) -> tuple[str, Any]:
@@ -54,23 +60,41 @@ def apply(raw: dict, overrides: dict[str, Any] | Iterable[str]) -> dict:
     return out
 
 
-def path_of(name: str | Path) -> Path:
-    """A recipe's file: a path as given, or configs/recipes/<name>.yaml."""
+def path_of(name: str | Path, root: Path = Path(".")) -> Path:
+    """A recipe's file (relative to `root` unless given as a path): a path as given, else
+    configs/recipes/<name>.yaml, else configs/rules/<name>.yaml (the first that exists)."""
     given = Path(name)
     if given.suffix in (".yaml", ".yml"):
         return given
+    for folder in (RECIPES, RULES):
+        if (root / folder / f"{name}.yaml").is_file():
+            return folder / f"{name}.yaml"
     return RECIPES / f"{name}.yaml"
 
 
-def available() -> list[str]:
-    return sorted(p.stem for p in RECIPES.glob("*.yaml"))
+def available(root: Path = Path(".")) -> list[str]:
+    return sorted(p.stem for folder in (RECIPES, RULES) for p in (root / folder).glob("*.yaml"))
 
 
-def load(name: str | Path) -> dict[str, Any]:
+def rules(root: Path = Path(".")) -> list[str]:
+    """The rule recipes' names (configs/rules/)."""
+    return sorted(p.stem for p in (root / RULES).glob("*.yaml"))
+
+
+def rule_overrides(name: str, root: Path = Path(".")) -> dict[str, Any]:
+    """A judge as dotted params overrides: a rule recipe (configs/rules/), or `method[:mode]`."""
+    if (root / RULES / f"{name}.yaml").is_file():
+        return load(root / RULES / f"{name}.yaml")
+    method, _, mode = name.partition(":")
+    return {"judge.method": method, **({"judge.mode": mode} if mode else {})}
+
+
+def load(name: str | Path, root: Path = Path(".")) -> dict[str, Any]:
     """A recipe's overrides as {dotted key: value}, in file order."""
-    path = path_of(name)
+    path = path_of(name, root)
+    path = path if path.is_absolute() else root / path
     if not path.is_file():
-        raise ConfigError(f"recipe {name}: {path} not found (recipes: {', '.join(available()) or 'none'})")
+        raise ConfigError(f"recipe {name}: {path} not found (recipes: {', '.join(available(root)) or 'none'})")
     try:
         tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as err:
@@ -78,6 +102,19 @@ def load(name: str | Path) -> dict[str, Any]:
     if not isinstance(tree, dict):
         raise ConfigError(f"recipe {path}: expected a mapping of params sections")
     return flatten(tree)
+
+
+def load_all(names: Iterable[str | Path], root: Path = Path(".")) -> dict[str, Any]:
+    """Several recipes' overrides, applied left to right (a later one wins on a key both set)."""
+    out: dict[str, Any] = {}
+    for name in names:
+        out |= load(name, root)
+    return out
+
+
+def split(text: str) -> list[str]:
+    """A comma-separated list of recipe names (the flow's `recipe` parameter): `smollm2-gym,scpo`."""
+    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 def render(value: Any) -> str:
@@ -94,11 +131,15 @@ def set_args(overrides: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="print a recipe as `-S key=value` arguments for dvc exp run")
-    ap.add_argument("recipe", help=f"a name under {RECIPES}/ or a YAML path")
-    ap.add_argument("-S", "--set", action="append", default=[], help="key=value on top of the recipe")
+    ap = argparse.ArgumentParser(description="print recipes as `-S key=value` arguments for dvc exp run")
+    ap.add_argument("recipe", nargs="+", help=f"names under {RECIPES}/ or {RULES}/ (applied left to right), "
+                                              "or YAML paths")
+    ap.add_argument("-S", "--set", action="append", default=[], help="key=value on top of the recipes")
     args = ap.parse_args(argv)
-    overrides = load(args.recipe) | dict(map(parse_assignment, args.set))
+    try:
+        overrides = load_all(args.recipe) | dict(map(parse_assignment, args.set))
+    except ConfigError as err:
+        raise SystemExit(f"error: {err}") from None
     print(" ".join(shlex.quote(a) for a in set_args(overrides)))
 
 

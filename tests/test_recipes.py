@@ -134,3 +134,36 @@ def test_the_diagnosis_takes_a_recipe_by_name_with_overrides_on_top(tmp_path, bp
         gap.main(["--recipe", str(recipe), "-S", "task.dev_size=0", "--greedy-only", "--out", str(out)])
     gap.main(["--recipe", str(recipe), "--on", "heldout", "--greedy-only", "--out", str(out)])
     assert json.loads(out.read_text())["greedy"]["n"] == 12
+
+
+@pytest.mark.unit
+def test_rules_are_recipes_that_compose_with_a_setup_left_to_right():
+    """A rule of configs/rules/ is a recipe by name: `smollm2-gym scpo` is the gym setup judged by ScPO,
+    the same `-S` arguments the kept runs' runner passes to `dvc exp run` (so a README row's command
+    is `dvc exp run $(python -m self_improve.recipes smollm2-gym scpo -S seed=0)`)."""
+    from scripts.real_loops import judge_overrides, recipe
+
+    assert {"scpo", "scpo+validity_any", "random", "format", "validity_only", "verifier"} <= set(recipes.rules(ROOT))
+    both = recipes.load_all(["smollm2-gym", "scpo"], ROOT)
+    assert both["task.name"] == "reasoning_gym" and both["judge.method"] == "vote_share"
+    assert both["pairs.weight"] == "margin" and both["judge.min_share"] == 0.5
+    out = subprocess.run([sys.executable, "-m", "self_improve.recipes", "smollm2-gym", "scpo", "-S", "seed=0"],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert shlex.split(out) == recipe("smollm2-gym") + judge_overrides("scpo") + ["-S", "seed=0"]
+    # later wins; a bare judge.method[:mode] still names a judge with no rule file
+    assert recipes.load_all(["scpo", "majority_vote"], ROOT)["judge.method"] == "majority_vote"
+    assert recipes.rule_overrides("llm_judge:yes_logprob", ROOT) == {"judge.method": "llm_judge",
+                                                                     "judge.mode": "yes_logprob"}
+    bad = subprocess.run([sys.executable, "-m", "self_improve.recipes", "smollm2-gym", "nope"],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode != 0 and "recipe nope" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.unit
+def test_the_flow_takes_a_setup_and_a_rule(monkeypatch):
+    from flows.loop import apply_overrides
+
+    monkeypatch.chdir(ROOT)
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    out = apply_overrides(raw, {}, "smollm2-gym,scpo+validity_any", root=ROOT)
+    assert out["task"]["name"] == "reasoning_gym" and out["judge"]["restates"] == "any"
