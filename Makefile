@@ -20,22 +20,22 @@ loop: install  ## run the whole loop: base model, then iterations it1..it3
 	dvc repro
 
 seeds: install  ## a variant over seeds as DVC experiments, mean +- sd to reports/seeds/ (NAME=default SEEDS="0 1 2" ARGS="-S train.algorithm=dpo")
-	$(PY) -m scripts.seeds --name $(or $(NAME),default) --seeds $(or $(SEEDS),0 1 2) $(ARGS)
+	$(VENV)/bin/self-improve seeds --name $(or $(NAME),default) --seeds $(or $(SEEDS),0 1 2) $(ARGS)
 
-variants: install  ## every README comparison (scripts/variants.yaml) over seeds, to reports/seeds/ (SEEDS="0 1 2")
-	$(PY) -m scripts.seeds --variants scripts/variants.yaml --seeds $(or $(SEEDS),0 1 2)
+variants: install  ## every README comparison (configs/variants.yaml) over seeds, to reports/seeds/ (SEEDS="0 1 2")
+	$(VENV)/bin/self-improve seeds --variants configs/variants.yaml --seeds $(or $(SEEDS),0 1 2)
 
 flow: install  ## the same loop as a Prefect flow: one task per stage, same DVC cache
-	$(PY) -m flows.loop
+	$(VENV)/bin/self-improve flow
 
 deploy: install  ## deploy the loop to a Prefect process work pool (POOL=self-improve-cpu; needs PREFECT_API_URL)
-	$(PY) -m flows.deploy --pool $(or $(POOL),self-improve-cpu)
+	$(VENV)/bin/self-improve deploy --pool $(or $(POOL),self-improve-cpu)
 
 worker: install  ## a Prefect worker that runs the pool's loop runs on this machine (POOL=self-improve-cpu)
 	$(VENV)/bin/prefect worker start --pool $(or $(POOL),self-improve-cpu) --type process
 
 serve: install  ## serve the loop as a deployment for the Prefect UI (needs PREFECT_API_URL of a running server)
-	$(PY) -m flows.serve
+	$(VENV)/bin/self-improve serve
 
 test: install  ## the default suite: units and the in-process pipeline on the tiny model (4-10 min on 2 cores)
 	$(PY) -m pytest
@@ -60,21 +60,23 @@ ENGINE ?= ct2
 RECIPE ?= smollm2-v3
 SMOL_RECIPE = $(shell $(PY) -m self_improve.recipes $(RECIPE) -S sample.backend=$(ENGINE) $(if $(TEMP),-S sample.temperature=$(TEMP)))
 
-loop-smollm2: smollm2  ## the loop on SmolLM2-135M-Instruct, word problems, as DVC experiment smol-JUDGE-sSEED (JUDGE=co_reward SEED=0 ENGINE=ct2|hf; TARGET=evaluate@it2 stops there)
-	dvc exp run -n smol-$(JUDGE)-s$(SEED) $(SMOL_RECIPE) -S judge.method=$(JUDGE) -S seed=$(SEED) $(TARGET)
+loop-smollm2: smollm2  ## the loop on SmolLM2-135M-Instruct as DVC experiment smol-JUDGE-sSEED (JUDGE: a rule of configs/rules/, e.g. scpo+validity_any; SEED=0 ENGINE=ct2|hf; TARGET=evaluate@it2 stops there)
+	dvc exp run -n smol-$(subst +,-,$(JUDGE))-s$(SEED) $(shell $(PY) -m self_improve.recipes $(RECIPE) $(JUDGE) -S sample.backend=$(ENGINE) $(if $(TEMP),-S sample.temperature=$(TEMP)) -S seed=$(SEED)) $(TARGET)
 
 loop-comas: smollm2  ## CoMAS on SmolLM2-135M-Instruct: 2 agents solve, evaluate and score each other, base + 2 iterations (comas/dvc.yaml, installed first), as DVC experiment comas-sSEED; results in reports/comas/
 	$(PY) -m scripts.comas_pipeline
 	dvc exp run -n comas-s$(SEED) $(SMOL_RECIPE) $(shell $(PY) -m self_improve.recipes comas) -S seed=$(SEED) comas/dvc.yaml
 
-loops-smollm2: smollm2  ## the real-model comparison: each judge over seeds, results to reports/smollm2_v3/ (RECIPE=smollm2-v1: reports/smollm2/; JUDGES=..., SEEDS=...)
-	$(PY) -m scripts.real_loops --recipe $(RECIPE) --judges $(or $(JUDGES),verifier co_reward majority_vote) --seeds $(or $(SEEDS),0 1 2)
+# Research instruments (research/, never imported by the product): the real-model comparisons and diagnoses.
+loops-smollm2: smollm2  ## the real-model comparison: each rule over seeds, results to reports/<recipe>/ (RECIPE=smollm2-gym: reports/smollm2_gym/; JUDGES=..., SEEDS=..., OUT=...)
+	$(PY) -m research.real_loops --recipe $(RECIPE) --judges $(or $(JUDGES),verifier co_reward majority_vote) --seeds $(or $(SEEDS),0 1 2) \
+		--out $(or $(OUT),reports/$(subst -,_,$(RECIPE)))
 
 gap-smollm2: smollm2  ## every judge and label-free rule on SmolLM2's own samples before any loop, on the recipe's dev set (reports/gap_smollm2.*)
-	$(PY) -m scripts.gap $(SMOL_RECIPE) --temperatures 0.3 0.7 1.0 --out reports/gap_smollm2.json
+	$(PY) -m research.gap $(SMOL_RECIPE) --temperatures 0.3 0.7 1.0 --out reports/gap_smollm2.json
 
 lengths-smollm2: smollm2  ## it0's greedy accuracy and cut share at 48..256 new tokens on the recipe's dev set (reports/lengths_smollm2.json; INSTRUCTION=...)
-	$(PY) -m scripts.gap $(SMOL_RECIPE) $(if $(INSTRUCTION),-S 'task.instruction="$(INSTRUCTION)"') --greedy-only \
+	$(PY) -m research.gap $(SMOL_RECIPE) $(if $(INSTRUCTION),-S 'task.instruction="$(INSTRUCTION)"') --greedy-only \
 		--lengths 48 64 96 128 192 256 --out $(or $(OUT),reports/lengths_smollm2.json)
 
 # reasoning-gym levels (task reasoning_gym): SmolLM2's greedy accuracy per dataset and difficulty, 96 problems each
@@ -87,7 +89,7 @@ GYM_LEVELS = [{name: chain_sum, label: chain_sum-2x1, config: {min_terms: 2, max
   {name: gsm_symbolic, label: gsm_symbolic}]
 
 gym-levels-smollm2: smollm2  ## SmolLM2's greedy accuracy per reasoning-gym dataset and level (reports/gym_levels_smollm2.*)
-	$(PY) -m scripts.gap $(SMOL_RECIPE) -S task.name=reasoning_gym -S 'task.datasets=$(GYM_LEVELS)' \
+	$(PY) -m research.gap $(SMOL_RECIPE) -S task.name=reasoning_gym -S 'task.datasets=$(GYM_LEVELS)' \
 		-S task.dev_size=672 -S task.heldout_size=7 -S task.ttt_size=7 -S prepare.train_size=7 --greedy-only \
 		--out reports/gym_levels_smollm2.json
 

@@ -17,7 +17,7 @@
 4. With --loop-timings (the SELF_IMPROVE_TIMINGS file of a real-model loop) and --loop-seconds
    (its wall time): the share of the loop spent outside the stages' own work (DVC, process starts,
    MLflow). `make loop-smollm2` with SELF_IMPROVE_TIMINGS set writes such a file, and
-   `scripts/real_loops.py` keeps one beside each result with the wall time in the result
+   `research/real_loops.py` keeps one beside each result with the wall time in the result
    (`--loop-only` updates just these figures).
 
 The last line printed sums up the targets.

@@ -41,7 +41,7 @@ def stage_commands(repo: Path) -> list[tuple[str, list[str]]]:
     return out
 
 
-# the stages that make and evaluate it0, nothing trained (scripts/base_screen.py runs only these)
+# the stages that make and evaluate it0, nothing trained (research/base_screen.py runs only these)
 BASE_STAGES = ("check_params", "prepare", "engine_base", "evaluate_base")
 
 # CoMAS (comas/dvc.yaml, installed from its template): the loop's stages it reads, then its own,

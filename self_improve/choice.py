@@ -154,7 +154,7 @@ def signals(answers: pd.DataFrame, base: Optional[pd.DataFrame] = None) -> dict[
 def unsupported_agreement(metrics: dict) -> float | None:
     """A model's cross-view agreement on answers the base's samples never give: plain minus supported
     agreement (None where either was not recorded). Not read by the rule: on it0 it says how far the
-    base's own agreement escapes its anchor (scripts/choice_check.py, scripts/base_screen.py)."""
+    base's own agreement escapes its anchor (research/choice_check.py, research/base_screen.py)."""
     if metrics.get("lf_agreement") is None or metrics.get("lf_supported_agreement") is None:
         return None
     return metrics["lf_agreement"] - metrics["lf_supported_agreement"]

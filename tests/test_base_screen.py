@@ -1,4 +1,4 @@
-"""Screening seeds' base models without a loop (scripts/base_screen.py): the table, bad input refused,
+"""Screening seeds' base models without a loop (research/base_screen.py): the table, bad input refused,
 a failing seed keeping no table. That only it0's stages run, that their figures are the loop's own
 it0 and that a done workspace is read rather than rerun is tested beside the plain loop
 (tests/test_plain.py), whose seed it screens."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from scripts import base_screen
+from research import base_screen
 
 
 @pytest.mark.unit

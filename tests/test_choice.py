@@ -171,7 +171,7 @@ def test_rewritten_asks_each_test_time_problem_once_more_in_other_words(name):
 
 
 def test_choice_check_counts_replayed_loops_on_their_replayed_signals(tmp_path):
-    from scripts.choice_check import replayed
+    from research.choice_check import replayed
     rows = [{"iteration": "it0", "accuracy": 0.2, "lf_agreement": 0.1}, {"iteration": "it1", "accuracy": 0.3, "lf_agreement": 0.4}]
     kept = {"cpu/run-s0": [{**r, "accuracy": r["accuracy"] + 0.01} for r in rows], "gpu/run-s0": rows}
     replay = [{"run": "gpu-run-s0", "history": [{"iteration": "it0", "accuracy": 0.2, "lf_supported_agreement": 0.1},

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scripts.mlflow_compare import browse, chromium, free_port, screenshot, wait_http
+from research.mlflow_compare import browse, chromium, free_port, screenshot, wait_http
 
 from .conftest import GIT_ENV, ROOT, deep_merge, defines_something, git_copy, tiny_full
 from .test_reliability import BAD_PARAMS

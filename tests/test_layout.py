@@ -37,6 +37,24 @@ def test_nothing_in_the_product_imports_research():
             assert not found, f"{path.relative_to(ROOT)} imports {sorted(found)}"
 
 
+def test_scripts_holds_build_tools_only():
+    """scripts/ builds the repository (generated docs and dependency lists, the real model's weights, the
+    CoMAS pipeline file): the runners live in flows/, the analyses in research/."""
+    assert sorted(p.stem for p in (ROOT / "scripts").glob("*.py")) == ["__init__", "comas_pipeline", "docs", "smollm2"]
+
+
+def test_the_console_script_reaches_every_runner():
+    from flows.cli import COMMANDS, usage
+
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "--help"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == usage().strip()
+    for name, (module, _) in COMMANDS.items():
+        assert name in out and module.split(".")[0] in ("flows", "self_improve"), name
+    bad = subprocess.run([sys.executable, "-m", "flows.cli", "nope"], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode != 0 and "unknown command 'nope'" in bad.stderr
+
+
 def test_flows_scripts_and_benchmarks_use_the_library_not_the_stages_internals():
     for folder in ("flows", "scripts", "benchmarks"):
         for path in (ROOT / folder).rglob("*.py"):

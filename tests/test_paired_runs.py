@@ -1,5 +1,5 @@
-"""Two kept runs set against each other problem by problem (scripts/paired_runs.py), and the answers
-a kept run carries for it (scripts/seeds.py keep_answers)."""
+"""Two kept runs set against each other problem by problem (research/paired_runs.py), and the answers
+a kept run carries for it (flows/experiments.py keep_answers)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import shutil
 import pandas as pd
 import pytest
 
-from scripts import paired_runs
-from scripts.seeds import ROOT, keep_answers
+from research import paired_runs
+from flows.experiments import ROOT, keep_answers
 from self_improve import artifacts as art
 from self_improve.quality import paired_gain
 

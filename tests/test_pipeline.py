@@ -68,7 +68,7 @@ def test_whole_loop_in_process(tmp_path, tiny_params_file, monkeypatch, capsys):
         model_file = "model.safetensors" if it == "it0" else "chain.json"
         assert (tmp_path / "data" / it / "model" / model_file).is_file()
     # the base support drawn again for a loop kept before it was recorded: the same samples, the same signal
-    from scripts import base_support
+    from research import base_support
 
     base_support.main([str(tmp_path), "--out", str(tmp_path / "support.md")])
     replayed = json.loads((tmp_path / "support.json").read_text())[0]

@@ -1,4 +1,4 @@
-"""The loop without DVC (scripts/plain.py, `--plain` of scripts.seeds / scripts.real_loops): the same
+"""The loop without DVC (flows/plain.py, `--plain` of flows.experiments / research.real_loops): the same
 stages in the same order give the same figures as the in-process loop, kept as a result file."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import shutil
 import pytest
 import yaml
 
-from scripts import base_screen, plain
-from scripts.seeds import run_plain
+from flows import plain
+from research import base_screen
+from flows.experiments import run_plain
 from self_improve import artifacts as art
 from self_improve import choice
 
@@ -101,7 +102,7 @@ def test_plain_run_gives_the_in_process_figures(tmp_path, monkeypatch):
             assert lf["lf_agreement_gain_lo"] == pytest.approx(kept["lf_agreement_gain_lo"]), it
     # kept once: a second call does not run again
     assert run_plain("tiny-s1", ["-S", "seed=1"], dest, workdir=tmp_path / "w", root=root) == dest
-    # its base alone (scripts/base_screen.py: only it0's stages, nothing trained) is the loop's own it0
+    # its base alone (research/base_screen.py: only it0's stages, nothing trained) is the loop's own it0
     base = base_screen.screen_one(1, [], tmp_path / "screen", root=root, threads=1)
     screened = tmp_path / "screen" / "s1"
     assert result["metrics"]["it0"] == {k: base[k] for k in result["metrics"]["it0"]}

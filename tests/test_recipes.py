@@ -40,7 +40,7 @@ def test_every_key_a_recipe_sets_is_in_params_yaml(name):
 
 
 def test_real_loops_exits_non_zero_naming_the_runs_that_failed(monkeypatch, tmp_path):
-    from scripts import real_loops
+    from research import real_loops
 
     monkeypatch.setattr(real_loops, "run_one", lambda judge, seed, *a, **k: None if seed == 1 else tmp_path)
     monkeypatch.setattr(real_loops, "write_reports", lambda out: "table")
@@ -94,10 +94,10 @@ def test_the_flow_applies_a_recipe_then_its_own_overrides(monkeypatch):
 
 
 def test_every_diagnosed_rule_runs_as_a_loop_with_the_configs_the_diagnosis_measured():
-    """scripts/gap.py measures each label-free rule on it0's samples; scripts/real_loops.py loops it with
+    """research/gap.py measures each label-free rule on it0's samples; research/real_loops.py loops it with
     `-S` overrides: both read the one table, so the loop runs the judge and pairs the diagnosis scored."""
-    from scripts.gap import RULES, rule
-    from scripts.real_loops import judge_overrides
+    from research.gap import RULES, rule
+    from research.real_loops import judge_overrides
 
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     base = parse_params(raw, "params.yaml")
@@ -111,11 +111,11 @@ def test_every_diagnosed_rule_runs_as_a_loop_with_the_configs_the_diagnosis_meas
 
 
 def test_the_diagnosis_takes_a_recipe_by_name_with_overrides_on_top(tmp_path, bpe_model_dir, monkeypatch):
-    """`scripts.gap --recipe` applies the recipe before -S (a recipe's quoted values survive, which
+    """`research.gap --recipe` applies the recipe before -S (a recipe's quoted values survive, which
     `$(python -m self_improve.recipes ...)` in a shell does not), and records what ran."""
     import json
 
-    from scripts import gap
+    from research import gap
 
     recipe = tmp_path / "small.yaml"
     recipe.write_text(f"model: {{base: {bpe_model_dir}}}\n"
@@ -141,7 +141,7 @@ def test_rules_are_recipes_that_compose_with_a_setup_left_to_right():
     """A rule of configs/rules/ is a recipe by name: `smollm2-gym scpo` is the gym setup judged by ScPO,
     the same `-S` arguments the kept runs' runner passes to `dvc exp run` (so a README row's command
     is `dvc exp run $(python -m self_improve.recipes smollm2-gym scpo -S seed=0)`)."""
-    from scripts.real_loops import judge_overrides, recipe
+    from research.real_loops import judge_overrides, recipe
 
     assert {"scpo", "scpo+validity_any", "random", "format", "validity_only", "verifier"} <= set(recipes.rules(ROOT))
     both = recipes.load_all(["smollm2-gym", "scpo"], ROOT)

@@ -279,7 +279,7 @@ def test_an_iteration_without_pairs_or_verdicts_is_still_logged(tmp_path):
 def test_a_tracking_store_that_is_down_fails_nothing(tmp_path, caplog, monkeypatch):
     """MlflowTracker against a server that is not there: no exception, a warning naming the store
     and how to re-send, and None for the run id."""
-    from scripts.mlflow_compare import free_port
+    from research.mlflow_compare import free_port
     from self_improve.tracking import IterationRecord, LoopRecord, MlflowTracker
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.mlflow_compare import free_port, wait_http
+from research.mlflow_compare import free_port, wait_http
 
 from .conftest import git_copy, tiny_full
 

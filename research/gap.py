@@ -2,8 +2,8 @@
 
     make gap-smollm2       # the recipe's sizes, temperatures 0.3 / 0.7 / 1.0 -> reports/gap_smollm2.*
     make lengths-smollm2   # step 1 only, at 48..256 new tokens -> reports/lengths_smollm2.*
-    python -m scripts.gap --recipe smollm2-gym --greedy-only --out reports/gym_mix_smollm2.json
-    python -m scripts.gap -S model.base=models/smollm2-135m-instruct -S task.name=word_math \\
+    python -m research.gap --recipe smollm2-gym --greedy-only --out reports/gym_mix_smollm2.json
+    python -m research.gap -S model.base=models/smollm2-135m-instruct -S task.name=word_math \\
         --judges verifier majority_vote scpo+validity --temperatures 0.3 1.0 --out reports/gap.json
 
 With params.yaml and the -S overrides (as `dvc exp run -S` takes them): 1. the task's dev set

@@ -1,6 +1,6 @@
 """The label-free choice of an iteration on every kept run: how close to the best held-out one?
 
-    python -m scripts.choice_check --out reports/choice_check.md
+    python -m research.choice_check --out reports/choice_check.md
 
 Reads every kept result (reports/<dir>/<variant>/s<seed>.json and reports/<dir>/<name>-s<seed>.json),
 runs `choice.recommend` on its per-iteration metrics (label-free signals only), and sets that beside
@@ -11,7 +11,7 @@ before evaluate recorded the signals have none: the rule keeps it0 on them, and 
 Results kept before it recorded the base support are judged on the plain agreement, as the rule does.
 The same counts for other minimum agreement gains (0: any rise beyond noise) show how much the
 default depends on its value. Real-model loops kept before the base support was recorded are counted
-on the plain agreement; the ones replayed with it (`scripts.base_support`, `--replayed`) are counted
+on the plain agreement; the ones replayed with it (`research.base_support`, `--replayed`) are counted
 again with their replayed signals, since the supported agreement rises less there than the plain one.
 """
 
@@ -22,7 +22,7 @@ import json
 import math
 from pathlib import Path
 
-from scripts.alarm_check import ROOT, history, runs
+from research.alarm_check import ROOT, history, runs
 from self_improve.choice import MIN_AGREEMENT_GAIN, recommend, unsupported_agreement
 
 SENSITIVITY = (0.0, 0.02, 0.03, 0.05, 0.08, 0.10, 0.15)  # minimum agreement gains the check also counts
@@ -70,7 +70,7 @@ def moved(base: dict, row: dict, gain_lo: float | None) -> str:
 
 
 def replayed(path, kept: dict[str, list[dict]]) -> list[tuple[str, list[dict]]]:
-    """The kept runs that `scripts.base_support` replayed with the base support (its JSON: `run`, the
+    """The kept runs that `research.base_support` replayed with the base support (its JSON: `run`, the
     loop's directory name, which may carry a prefix such as `gpu-`, and `history`): each kept run's rows
     with the replayed label-free signals in place of the recorded ones. The kept run is the one of that
     name (prefix or not) whose iterations and held-out accuracies are the replay's; none, or more than
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="reports/choice_check.md")
     ap.add_argument("--replayed", default="reports/base_support_smollm2.json",
-                    help="scripts.base_support's JSON: real-model loops replayed with the base support")
+                    help="research.base_support's JSON: real-model loops replayed with the base support")
     args = ap.parse_args(argv)
     lines = ["| run | signals (supported: with the base support) | recommended | held-out there | best held-out | within 1 s.e. | below it0 beyond noise | it0 agreement the base never samples | signals there against it0 |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
         replay.append(f"{m:.2f}: {sum(c['within'] for _, c in cs)} within, {sum(c['below_it0'] for _, c in cs)} below"
                       + (f" (not within: {', '.join(missed)})" if missed else ""))
     head.insert(-1, f"The {len(again)} real-model loops kept before the base support, replayed with it ({args.replayed}, "
-                    f"scripts.base_support), at each minimum agreement gain: {'; '.join(replay)}.")
+                    f"research.base_support), at each minimum agreement gain: {'; '.join(replay)}.")
     text = "\n".join(head + lines) + "\n"
     (ROOT / args.out).write_text(text)
     print(text)

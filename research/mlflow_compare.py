@@ -1,6 +1,6 @@
 """Screenshot the MLflow UI's side-by-side comparison of loops (parent runs), with headless Chromium.
 
-    python -m scripts.mlflow_compare --runs loop v3-judge-majority_vote --out reports/mlflow_compare.png
+    python -m research.mlflow_compare --runs loop v3-judge-majority_vote --out reports/mlflow_compare.png
 
 Starts an MLflow server on the store (default: the repo's mlflow.db) on a free local port, opens
 the run-comparison page of the named parent runs, saves a screenshot, and checks that the page
@@ -114,7 +114,7 @@ def screenshot(uri: str, experiment: str, names: list[str], out: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m scripts.mlflow_compare", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m research.mlflow_compare", description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", nargs="+", required=True, help="parent run names (DVC experiment names, or `loop`)")
     p.add_argument("--experiment", default="self-improve", help="MLflow experiment (tracking.experiment)")
     p.add_argument("--uri", default=f"sqlite:///{ROOT / 'mlflow.db'}", help="MLflow tracking store")

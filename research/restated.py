@@ -1,6 +1,6 @@
 """How often a run's greedy answers are one of the question's own numbers, per iteration.
 
-    python -m scripts.restated DIR          # DIR: a workspace after a loop (data/itN/eval.parquet)
+    python -m research.restated DIR          # DIR: a workspace after a loop (data/itN/eval.parquet)
 
 For each iteration's evaluated answers (held-out and test-time, answered ones): the share that is
 one of the question's numbers, the share that is its first number, and the share that is right and

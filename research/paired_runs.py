@@ -1,10 +1,10 @@
 """Two kept runs set against each other problem by problem: the accuracy of each at every
 iteration both evaluated, and the difference with a paired bootstrap 95% interval.
 
-    python -m scripts.paired_runs reports/smollm2_v2/<run A> reports/smollm2_v2/<run B>
-    python -m scripts.paired_runs A B --set ttt --iteration it3 --out reports/some_comparison.md
+    python -m research.paired_runs reports/smollm2_v2/<run A> reports/smollm2_v2/<run B>
+    python -m research.paired_runs A B --set ttt --iteration it3 --out reports/some_comparison.md
 
-A and B are report directories of kept runs (`scripts.seeds.keep_report` writes answers.parquet
+A and B are report directories of kept runs (`flows.experiments.keep_report` writes answers.parquet
 there; runs kept before it have none and are refused as not found). Runs of one seed answer the same held-out and test-time problems, so what the two share (a
 problem's difficulty) cancels and the interval is far narrower than two runs' separate ones. Runs
 whose problems differ (another seed, another recipe) are refused, naming the first problem that
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from scripts.seeds import ANSWERS
+from flows.experiments import ANSWERS
 from self_improve import artifacts as art
 from self_improve.quality import paired_gain
 
@@ -67,7 +67,7 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, *, which: str = "heldout", iterati
 
 def markdown(table: pd.DataFrame, names: tuple[str, str], which: str) -> str:
     lines = [(f"{which} accuracy, {names[1]} against {names[0]} on the same problems "
-              "(paired bootstrap 95%, `python -m scripts.paired_runs`):"), "",
+              "(paired bootstrap 95%, `python -m research.paired_runs`):"), "",
              f"| iteration | problems | {names[0]} | {names[1]} | difference [95%] |", "|---|---|---|---|---|"]
     for r in table.itertuples(index=False):
         lines.append(f"| {r.iteration} | {r.n} | {r.a:.3f} | {r.b:.3f} | "

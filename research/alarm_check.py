@@ -1,6 +1,6 @@
 """The reward-hacking alarm on every kept run: does it fire where held-out accuracy was lost?
 
-    python -m scripts.alarm_check --out reports/alarm_check.md
+    python -m research.alarm_check --out reports/alarm_check.md
 
 Reads every kept result (reports/<dir>/<variant>/s<seed>.json and reports/<dir>/<name>-s<seed>.json),
 runs `quality.reward_hacking_alarm` on its per-iteration metrics, and sets that beside the truth:
@@ -55,8 +55,8 @@ def lost(rows: list[dict], z: float = 2.0) -> str | None:
 
 
 def runs() -> list[tuple[str, dict]]:
-    """Every kept result under reports/: `<dir>/<variant>/s<seed>.json` (scripts/seeds.py: seeds, bstar,
-    scaling) and `<dir>/<name>-s<seed>.json` (scripts/real_loops.py: smollm2*, engine_loop)."""
+    """Every kept result under reports/: `<dir>/<variant>/s<seed>.json` (flows/experiments.py: seeds, bstar,
+    scaling) and `<dir>/<name>-s<seed>.json` (research/real_loops.py: smollm2*, engine_loop)."""
     found = []
     for d in sorted(p for p in (ROOT / "reports").iterdir() if p.is_dir()):
         found += [(f"{d.name}/{p.parent.name}/{p.stem}", p) for p in sorted(d.glob("*/s*.json"))
