@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # what a stage reads from the tree besides its code: the pipeline, tracked inputs, recipes' configs;
 # models/ is linked (the base checkpoints `make smollm2` and friends put there)
-COPIED = ("dvc.yaml", "data/inputs", "configs")
+COPIED = ("dvc.yaml", "data/inputs", "configs", "plugins")
 LINKED = ("models",)
 
 

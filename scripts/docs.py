@@ -164,6 +164,13 @@ def _doc(cls: type) -> str:
     return " ".join(doc.split()) if doc else ""
 
 
+def _tables() -> dict[str, dict[str, str]]:
+    """Choices that live in a table of the library rather than an enum: {key: {name: what it is}}."""
+    from self_improve.config import JUDGES
+
+    return {"judge.method": {name: judge.about for name, judge in JUDGES.items()}}
+
+
 def _sections(model: type[BaseModel], prefix: str, depth: int, enums: dict[str, type]) -> list[str]:
     """The table of `model`'s keys, then the sections nested in it, in field order."""
     rows, nested = [], []
@@ -181,6 +188,10 @@ def _sections(model: type[BaseModel], prefix: str, depth: int, enums: dict[str, 
         if origin is dict and _args(tp) and _is_model(_args(tp)[-1]):
             nested.append((f"{key}.<name>", _args(tp)[-1]))
         kind = _type(field.annotation, key)
+        if key in (tables := _tables()):
+            enums[key] = tables[key]
+            kind = (f"a name of the judge table: {', '.join(f'`{n}`' for n in tables[key])} "
+                    f"([choices](#{_slug(_choice_heading(key))}))")
         limits = _constraints(field)
         if limits:
             kind += ", " + ", ".join(limits)
@@ -216,9 +227,10 @@ def parameters_markdown() -> str:
     body = ["## Top level", ""] + _sections(Params, "", 1, enums)
     choices = ["## Choices", "", "The values each closed choice takes, with what each means.", ""]
     for key, cls in enums.items():
-        meanings = _enum_meanings(cls)
+        meanings = cls if isinstance(cls, dict) else _enum_meanings(cls)
+        values = list(cls) if isinstance(cls, dict) else [m.value for m in cls]
         choices += [f"### {_choice_heading(key)}", "", "| value | meaning |", "|---|---|"]
-        choices += [f"| `{m.value}` | {_cell(meanings.get(m.value, ''))} |" for m in cls]
+        choices += [f"| `{v}` | {_cell(meanings.get(v, ''))} |" for v in values]
         choices.append("")
     text = HEADER + "\n" + "\n".join(body + choices)
     return text.rstrip("\n") + "\n"

@@ -21,25 +21,22 @@ import pandas as pd
 from self_improve import artifacts as art
 from self_improve import choice
 from self_improve.config import (
-    ConfigError,
     EvaluateConfig,
     JudgeConfig,
-    JudgeMethod,
     JudgeMode,
     Params,
+    judge_of,
 )
 from self_improve.engines.hf import SamplingSpec, generate
 from self_improve.engines.sampler import Sampler
 from self_improve.floors import metric_name
 from self_improve.judges import (
-    REGISTRY,
     JudgeContext,
     ModelHandle,
+    context,
     judge_quality,
-    template_path,
     vote_label,
 )
-from self_improve.judges.rubric import load_template
 from self_improve.judges.validity import invalid_reason, numbers
 from self_improve.quality import auc_se, binomial_se, cluster_se, paired_gain, win_rate
 from self_improve.tasks import Task
@@ -201,17 +198,11 @@ def frozen_yes(answers: pd.DataFrame, ttt: pd.DataFrame, params: Params, base: s
     from self_improve.judges.model import frozen_yes as base_yes
     from self_improve.models.loading import load_model
 
-    try:
-        template = load_template(template_path(params, "correct_template"))
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"judge.correct_template: {err}") from None
     rows = answers["set"] == "ttt"
     prompts = ttt.set_index("prompt_id")["prompt"]
     frame = pd.DataFrame({"prompt": list(prompts.loc[answers.loc[rows, "prompt_id"]]),
                           "response": list(answers.loc[rows, "response"])})
-    ctx = JudgeContext(frozen=ModelHandle(*load_model(base, security=params.security, model_cfg=params.model)),
-                       frozen_template=template, batch_size=params.sample.batch_size,
-                       max_tokens=params.sample.score_tokens, max_length=params.model.max_length)
+    ctx = context(params, {"frozen": ModelHandle(*load_model(base, security=params.security, model_cfg=params.model))})
     answers = answers.copy()
     answers["frozen_yes"] = pd.array([None] * len(answers), dtype="Float64")
     answers.loc[rows, "frozen_yes"] = pd.array(base_yes(frame, ctx), dtype="Float64")
@@ -269,7 +260,7 @@ def head_to_head(new: ModelHandle, old: ModelHandle, heldout: pd.DataFrame, judg
     ctx = JudgeContext(policy=new, template=template, seed=seed, batch_size=batch_size, max_length=max_length)
     mode = JudgeMode.score_logprob if judge_cfg.mode == JudgeMode.yes_logprob else judge_cfg.mode  # the rubric
     every_prompt = judge_cfg.model_copy(update={"max_prompts": None, "mode": mode})
-    verdicts = REGISTRY[JudgeMethod.llm_judge].fn(frame, every_prompt, ctx)
+    verdicts = judge_of("llm_judge").function()(frame, every_prompt, ctx)
     n = len(prompts)
     result = win_rate(verdicts.reward[:n], verdicts.reward[n:])
     return {f"win_{k}" if k != "win_rate" else k: v for k, v in result.items()}

@@ -14,17 +14,8 @@ import logging
 
 from self_improve import artifacts as art
 from self_improve.cli import derive_seed, run_stage, stage_provenance
-from self_improve.config import Algorithm, FrozenJudge, JudgeMode, Params
-from self_improve.errors import ConfigError
-from self_improve.judges import (
-    REGISTRY,
-    JudgeContext,
-    ModelHandle,
-    judge_quality,
-    judge_samples,
-    template_path,
-)
-from self_improve.judges.rubric import load_template
+from self_improve.config import Algorithm, Params
+from self_improve.judges import ModelHandle, context, judge_quality, judge_samples, needs
 from self_improve.tasks import task_for
 
 log = logging.getLogger(__name__)
@@ -50,57 +41,33 @@ def _args(p: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> None:
     def body(args: argparse.Namespace, params: Params) -> None:
         cfg = params.judge.model_copy(update={"min_share": params.min_share(args.iteration)})  # the rising gate
-        judge = REGISTRY[cfg.method]
+        judge = cfg.judge  # its entry of the judge table
         consistency = params.train.algorithm == Algorithm.cream
-        frozen = cfg.frozen != FrozenJudge.none
-        template = frozen_template = None
-        if judge.needs_template:
-            try:
-                template = load_template(template_path(params))
-            except (OSError, ValueError) as err:
-                key = "correct_template" if cfg.mode == JudgeMode.yes_logprob else "template"
-                raise ConfigError(f"judge.{key}: {err}") from None
-        if frozen:
-            try:
-                frozen_template = load_template(template_path(params, "correct_template"))
-            except (OSError, ValueError) as err:
-                raise ConfigError(f"judge.correct_template: {err}") from None
-        samples = art.read_table(args.samples, art.SAMPLES)
-        task = task_for(params.task)
-        ctx = JudgeContext(template=template, seed=derive_seed(params.seed, "judge", args.iteration),
-                           batch_size=params.sample.batch_size, max_tokens=params.sample.score_tokens,
-                           max_length=params.model.max_length, verify=task.verify,
-                           question=getattr(task, "question", lambda prompt: prompt),
-                           frozen_template=frozen_template)
-        if cfg.inverse:
-            if not hasattr(task, "inverse"):
-                raise ConfigError(f"judge.inverse: task {params.task.name.value} poses no inverse problems "
-                                  "(word_math and reasoning_gym do)")
-            ctx.inverse, ctx.extract = task.inverse, lambda response: task.extract(response).answer
-        if judge.needs_policy or judge.needs_reference or consistency or frozen or cfg.inverse:
+        roles = needs(cfg, consistency)
+        models = {}
+        if roles:
             from self_improve.models.loading import (  # torch: only for judges that run a model
+                interpolate_weights,
                 load_model,
                 set_threads,
             )
 
             set_threads()
-        if judge.needs_policy or cfg.inverse:
-            ctx.policy = ModelHandle(*load_model(args.model, security=params.security, base=args.base,
-                                                 model_cfg=params.model))
-        if judge.needs_reference or consistency:
-            ctx.reference = ModelHandle(*load_model(args.ref_model, security=params.security, base=args.base,
-                                                    model_cfg=params.model))
-        if frozen:
-            ctx.frozen = ModelHandle(*load_model(args.base or args.ref_model, security=params.security,
-                                                 model_cfg=params.model))
-            if cfg.frozen_mix > 0:  # a slowly moving judge: part of the way from it0 to the policy
-                from self_improve.models.loading import interpolate_weights
-
-                policy = ctx.policy.model if ctx.policy is not None else load_model(
+            paths = {"policy": (args.model, args.base), "reference": (args.ref_model, args.base),
+                     "frozen": (args.base or args.ref_model, None)}  # the base, adapters off
+            for role in [r for r in ("policy", "reference", "frozen") if r in roles]:
+                path, base = paths[role]
+                models[role] = ModelHandle(*load_model(path, security=params.security, base=base,
+                                                       model_cfg=params.model))
+            if "frozen" in models and cfg.frozen_mix > 0:  # a slowly moving judge: part way to the policy
+                policy = models["policy"].model if "policy" in models else load_model(
                     args.model, security=params.security, base=args.base, model_cfg=params.model)[0]
-                interpolate_weights(ctx.frozen.model, policy, cfg.frozen_mix)
+                interpolate_weights(models["frozen"].model, policy, cfg.frozen_mix)
+        samples = art.read_table(args.samples, art.SAMPLES)
+        ctx = context(params, models, task=task_for(params.task), cfg=cfg,
+                      seed=derive_seed(params.seed, "judge", args.iteration))
         df = judge_samples(samples, cfg, ctx, with_consistency=consistency)
-        log.info("%s: %s", cfg.method.value, judge_quality(df, judge.verdict, ctx.verify))
+        log.info("%s: %s", cfg.method, judge_quality(df, judge.verdict, ctx.verify))
         prov = stage_provenance("judge", args.iteration, params, PARAMS, [args.out])
         prov["consistency"] = consistency
         prov["min_share"] = cfg.min_share  # the gate in force at this iteration (judge.min_share_step)

@@ -9,7 +9,7 @@ from .conftest import ROOT
 def test_repo_params_load():
     p = load_params(ROOT / "params.yaml")
     assert list(p.loop) == ["it1", "it2", "it3"]
-    assert p.judge.method.value == "co_reward"
+    assert p.judge.method == "co_reward"
 
 
 def test_tiny_params_load(tiny_raw):

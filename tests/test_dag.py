@@ -2,62 +2,18 @@
 
 from __future__ import annotations
 
-import ast
 import importlib
-from pathlib import Path
+import subprocess
+import sys
 
 import pytest
 import yaml
 
-from .conftest import ROOT, defines_something
+from scripts import deps as code_deps
 
-PACKAGES = ("self_improve", "stages")
+from .conftest import ROOT
 
-
-def _module_file(name: str) -> Path | None:
-    """The repo file of a dotted module name (a module or a package's __init__.py), None outside the repo."""
-    if name.split(".")[0] not in PACKAGES:
-        return None
-    base = ROOT.joinpath(*name.split("."))
-    for target in (base.with_suffix(".py"), base / "__init__.py"):
-        if target.is_file():
-            return target
-    return None
-
-
-def _imported_names(mod: Path, node: ast.AST) -> list[str]:
-    if isinstance(node, ast.Import):
-        return [a.name for a in node.names]
-    if not isinstance(node, ast.ImportFrom):
-        return []
-    if node.level:
-        package = mod.parent.relative_to(ROOT).parts
-        package = package[: len(package) - (node.level - 1)]
-        prefix = ".".join(package + ((node.module,) if node.module else ()))
-    else:
-        prefix = node.module
-    return [prefix] + [f"{prefix}.{a.name}" for a in node.names]
-
-
-def _imports(path: Path) -> set[str]:
-    """Repo modules (as paths) that `path` imports, directly or through other repo modules, with the
-    packages above each (importing a module runs its packages' __init__.py first)."""
-    seen: set[str] = set()
-    todo = [path]
-    while todo:
-        mod = todo.pop()
-        for node in ast.walk(ast.parse(mod.read_text())):
-            for name in _imported_names(mod, node):
-                parts = name.split(".")
-                for i in range(1, len(parts) + 1):
-                    target = _module_file(".".join(parts[:i]))
-                    if target is None or not defines_something(target):
-                        continue
-                    rel = str(target.relative_to(ROOT))
-                    if rel not in seen:
-                        seen.add(rel)
-                        todo.append(target)
-    return seen
+_imports = code_deps.imports  # the import closure the code deps are generated from (scripts/deps.py)
 
 
 def _covered(path: str, deps: set[str]) -> bool:
@@ -65,7 +21,7 @@ def _covered(path: str, deps: set[str]) -> bool:
     return any(path == d or path.startswith(d.rstrip("/") + "/") for d in deps)
 
 
-PIPELINES = ("dvc.yaml", "configs/pipelines/comas.dvc.yaml")  # the loop, and CoMAS's (installed as comas/dvc.yaml)
+PIPELINES = code_deps.PIPELINES  # the loop, and CoMAS's (installed as comas/dvc.yaml)
 
 
 def _stages() -> dict:
@@ -77,6 +33,23 @@ def _stages() -> dict:
                 assert spec.get("do", spec).get("wdir") == "..", f"{name}:{stage}: paths are the repo root's"
             out[stage if name == "dvc.yaml" else f"{name}:{stage}"] = spec
     return out
+
+
+def test_the_code_deps_are_the_generated_ones():
+    """dvc.yaml's code deps are written by `python -m scripts.deps`: an import added to a stage's
+    closure and not regenerated fails here, naming the file."""
+    assert code_deps.stale(ROOT) == [], "run `python -m scripts.deps`"
+
+
+def test_generating_the_code_deps_keeps_every_other_line():
+    """A stale file regenerated: the lost import is back, a dropped one gone, data deps and comments kept."""
+    text = (ROOT / "dvc.yaml").read_text()
+    assert "        - self_improve/pairs.py\n" in text  # the pairs stage's (under foreach)
+    broken = text.replace("        - self_improve/pairs.py\n", "", 1).replace(
+        "      - stages/prepare.py\n", "      - stages/prepare.py\n      - self_improve/floors.py\n", 1)
+    assert code_deps.rewrite(broken, ROOT) == text
+    out = subprocess.run([sys.executable, "-m", "scripts.deps", "--check"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
 
 
 def test_every_stage_depends_on_the_modules_it_imports():

@@ -40,7 +40,7 @@ def test_nothing_in_the_product_imports_research():
 def test_scripts_holds_build_tools_only():
     """scripts/ builds the repository (generated docs and dependency lists, the real model's weights, the
     CoMAS pipeline file): the runners live in flows/, the analyses in research/."""
-    assert sorted(p.stem for p in (ROOT / "scripts").glob("*.py")) == ["__init__", "comas_pipeline", "docs", "smollm2"]
+    assert sorted(p.stem for p in (ROOT / "scripts").glob("*.py")) == ["__init__", "comas_pipeline", "deps", "docs", "smollm2"]
 
 
 def test_the_console_script_reaches_every_runner():

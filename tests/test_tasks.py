@@ -320,9 +320,9 @@ def test_next_token_probs_match_a_plain_forward_pass_whatever_the_batch(bpe_mode
 
 
 def test_score_logprob_is_the_expected_rubric_score(bpe_model_dir):
-    from self_improve.config import JudgeMethod
     from self_improve.engines.hf import next_token_probs
-    from self_improve.judges import REGISTRY, JudgeContext, ModelHandle
+    from self_improve.config import judge_of
+    from self_improve.judges import JudgeContext, ModelHandle
     from self_improve.judges.rubric import render
     from self_improve.models.loading import load_model
 
@@ -331,7 +331,7 @@ def test_score_logprob_is_the_expected_rubric_score(bpe_model_dir):
     frame = pd.DataFrame({"prompt_id": ["a", "a", "b"], "prompt": ["1+2=", "1+2=", "5+5="],
                           "response": ["3", "4", "10"]})
     cfg = JudgeConfig(method="llm_judge", mode="score_logprob")
-    v = REGISTRY[JudgeMethod.llm_judge].fn(frame, cfg, JudgeContext(policy=ModelHandle(model, tok), template=template,
+    v = judge_of("llm_judge").function()(frame, cfg, JudgeContext(policy=ModelHandle(model, tok), template=template,
                                                                       progress=False))
     for (prompt, response), got in zip(zip(frame["prompt"], frame["response"]), v.reward):
         p = next_token_probs(model, tok, [render(template, prompt, response)], [str(k) for k in range(1, 6)],

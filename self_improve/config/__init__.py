@@ -8,6 +8,7 @@ stops the loop at once with one line naming the key.
 
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
 from typing import Any
@@ -17,11 +18,11 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from self_improve.config.agents import AgentLink, AgentsConfig  # noqa: F401 (re-exported)
 from self_improve.config.base import _Section
+from self_improve.config.judges import JUDGES, Judge, judge_of, register, unregister  # noqa: F401 (re-exported)
 from self_improve.config.judging import (  # noqa: F401 (re-exported)
     CrossView,
     FrozenJudge,
     JudgeConfig,
-    JudgeMethod,
     JudgeMode,
     LowConsensus,
     PairsConfig,
@@ -93,6 +94,11 @@ INIT = "init"  # the base model as initialised, before prepare's warm-up
 
 class Params(_Section):
     seed: int = Field(0, ge=0)
+    plugins: list[str] = Field(
+        [], description="modules imported before the params are checked, each registering what it adds (a judge "
+        "with `register`): e.g. plugins.my_judge for plugins/my_judge.py, a dependency of every stage "
+        "(docs/extending.md)",
+    )
     model: ModelConfig = ModelConfig()
     task: TaskConfig = TaskConfig()
     prepare: PrepareConfig = PrepareConfig()
@@ -130,9 +136,9 @@ class Params(_Section):
         if self.train.algorithm == Algorithm.spin and self.evolve.seed_prompts == 0:
             raise ValueError("train.algorithm spin needs evolve.seed_prompts > 0: SPIN pairs the seed "
                              "data's reference answers with the model's own samples")
-        if self.sample.bstar.enabled and (self.judge.method.runs_model or self.judge.frozen != FrozenJudge.none):
+        if self.sample.bstar.enabled and (self.judge.judge.runs_model or self.judge.frozen != FrozenJudge.none):
             raise ValueError(f"sample.bstar.enabled: the sweep selects samples by the judge's reward from the "
-                             f"answers alone; judge.method {self.judge.method.value} (or judge.frozen) runs a "
+                             f"answers alone; judge.method {self.judge.method} (or judge.frozen) runs a "
                              "model: use a vote judge or the verifier")
         return self
 
@@ -171,9 +177,22 @@ def _describe(err: ValidationError, source: str) -> str:
     return f"{source}: {key}: {msg}{more}"
 
 
+def import_plugins(raw: dict, source: str = "params.yaml") -> None:
+    """Import the modules `plugins` names (before validation: what they register is then known)."""
+    names = raw.get("plugins") or []
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        raise ConfigError(f"{source}: plugins: expected a list of module names, got {names!r}")
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as err:  # a plugin's own error, named with the plugin
+            raise ConfigError(f"{source}: plugins: cannot import {name}: {type(err).__name__}: {err}") from None
+
+
 def parse_params(raw: Any, source: str = "params.yaml") -> Params:
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: expected a mapping of sections, got {type(raw).__name__}")
+    import_plugins(raw, source)
     try:
         return Params.model_validate(raw)
     except ValidationError as err:

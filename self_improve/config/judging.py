@@ -5,33 +5,10 @@ from __future__ import annotations
 import enum
 from typing import Optional
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from self_improve.config.base import _Section
-
-
-class JudgeMethod(str, enum.Enum):
-    majority_vote = "majority_vote"  # TTRL
-    co_reward = "co_reward"  # agreement with the pooled vote of equivalent rewrites
-    llm_judge = "llm_judge"  # Self-Rewarding LMs: the model scores with the 5-point rubric
-    self_certainty = "self_certainty"  # mean KL(Uniform || p) over the response tokens
-    implicit_reward = "implicit_reward"  # sum log pi_current - sum log pi_reference (CREAM)
-    vote_share = "vote_share"  # ScPO: a sample's reward is the share of the votes its answer got
-    verifier = "verifier"  # ground truth: oracle baseline
-    # control arms (Spurious Rewards, 2506.10947): what a loop gains from a reward that knows nothing
-    random = "random"  # a seeded uniform reward in [0, 1] per sample
-    format = "format"  # 1 for a response that is not cut, short, and ends with an extractable answer; else 0
-    validity_only = "validity_only"  # the validity check's verdict alone (1 valid, 0 not), no vote
-
-    @property
-    def runs_model(self) -> bool:
-        """The judge scores with a model (the policy, its predecessor), not from the answers alone."""
-        return self in (JudgeMethod.llm_judge, JudgeMethod.self_certainty, JudgeMethod.implicit_reward)
-
-    @property
-    def needs_rewrites(self) -> bool:
-        """The prompts must come with equivalent rewrites (evolve writes them): co_reward's views."""
-        return self is JudgeMethod.co_reward
+from self_improve.config.judges import JUDGES, judge_of
 
 
 class CrossView(str, enum.Enum):
@@ -61,7 +38,10 @@ class JudgeMode(str, enum.Enum):
 
 
 class JudgeConfig(_Section):
-    method: JudgeMethod = JudgeMethod.co_reward
+    method: str = Field(
+        "co_reward", description="the judge: an entry of the judge table (self_improve/config/judges.py), "
+        "built in or added with `register` (docs/extending.md)",
+    )
     mode: JudgeMode = Field(
         JudgeMode.generate, description="llm_judge: generate and parse a score, or read it from the "
         "next-token distribution (one forward pass per judgment, never fails to parse)",
@@ -128,23 +108,32 @@ class JudgeConfig(_Section):
         32, ge=1, description="llm_judge mode generate: prompts judged per iteration (seeded choice; None: all)"
     )
 
+    @field_validator("method")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        judge_of(name)  # refused with the table's names
+        return name
+
+    @property
+    def judge(self):
+        """This method's entry of the judge table (self_improve/config/judges.py)."""
+        return judge_of(self.method)
+
     @model_validator(mode="after")
     def _vote_options(self) -> "JudgeConfig":
-        votes = (JudgeMethod.majority_vote, JudgeMethod.co_reward, JudgeMethod.vote_share)
-        if self.inverse and self.method not in votes:
-            raise ValueError(f"inverse: weighs the votes of a vote judge ({', '.join(m.value for m in votes)}), "
-                             f"not {self.method.value}")
-        if self.frozen != FrozenJudge.none and self.method not in votes:
-            raise ValueError(f"frozen: weighs the votes of a vote judge ({', '.join(m.value for m in votes)}), "
-                             f"not {self.method.value}")
+        votes = ", ".join(name for name, j in JUDGES.items() if j.votes)
+        if self.inverse and not self.judge.votes:
+            raise ValueError(f"inverse: weighs the votes of a vote judge ({votes}), not {self.method}")
+        if self.frozen != FrozenJudge.none and not self.judge.votes:
+            raise ValueError(f"frozen: weighs the votes of a vote judge ({votes}), not {self.method}")
         if self.frozen_mix > 0 and self.frozen == FrozenJudge.none:
             raise ValueError("frozen_mix: mixes the frozen judge's weights; set frozen (yes_logprob) too")
-        if self.low_consensus != LowConsensus.skip and self.method not in votes:
+        if self.low_consensus != LowConsensus.skip and not self.judge.votes:
             raise ValueError(f"low_consensus: penalises the prompts without a vote label, which "
-                             f"{self.method.value} does not give")
-        if self.cross_view != CrossView.pooled and self.method != JudgeMethod.co_reward:
-            raise ValueError(f"cross_view: {self.cross_view.value} compares co_reward's wordings, "
-                             f"not {self.method.value}")
+                             f"{self.method} does not give")
+        if self.cross_view != CrossView.pooled and not self.judge.needs_rewrites:
+            raise ValueError(f"cross_view: {self.cross_view.value} compares co_reward's wordings (a judge that "
+                             f"reads rewrites), not {self.method}")
         return self
 
 

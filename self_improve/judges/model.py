@@ -9,18 +9,18 @@ from typing import Optional
 
 import pandas as pd
 
-from self_improve.config import JudgeConfig, JudgeMethod, JudgeMode
+from self_improve.config import JudgeConfig, JudgeMode
 from self_improve.judges.base import JudgeContext, Verdicts
 from self_improve.judges.rubric import mean_score, parse_score, render
 
 MAX_POINTS = 5
 
 
-def _self_certainty(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext) -> Verdicts:
+def self_certainty(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext) -> Verdicts:
     return Verdicts([float(x) for x in ctx.scores("policy", samples).self_certainty])
 
 
-def _implicit_reward(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext) -> Verdicts:
+def implicit_reward(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext) -> Verdicts:
     cur, ref = ctx.scores("policy", samples).logp, ctx.scores("reference", samples).logp
     return Verdicts([float(c - r) for c, r in zip(cur, ref)])
 
@@ -73,7 +73,7 @@ def logprob_judge(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext) ->
     return Verdicts([verdict[(p, r)] for p, r in zip(samples["prompt"], samples["response"])])
 
 
-def _llm_judge(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext) -> Verdicts:
+def llm_judge(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext) -> Verdicts:
     if ctx.policy is None or ctx.template is None:
         raise ValueError("llm_judge needs the policy model and the rubric template")
     if cfg.mode != JudgeMode.generate:
@@ -118,6 +118,6 @@ def frozen_yes(samples: pd.DataFrame, ctx: JudgeContext) -> list[Optional[float]
             raise ValueError("judge.frozen needs the base model and judge.correct_template")
         sub = JudgeContext(policy=ctx.frozen, template=ctx.frozen_template, batch_size=ctx.batch_size,
                            max_tokens=ctx.max_tokens, max_length=ctx.max_length, progress=ctx.progress)
-        cfg = JudgeConfig(method=JudgeMethod.llm_judge, mode=JudgeMode.yes_logprob)
+        cfg = JudgeConfig(method="llm_judge", mode=JudgeMode.yes_logprob)
         ctx._scores["frozen_yes"] = logprob_judge(samples, cfg, sub).reward
     return ctx._scores["frozen_yes"]

@@ -1,9 +1,10 @@
-"""The judge registry: every method takes the samples and returns nullable rewards.
+"""Judging samples: `judge_samples` runs the configured judge of the judge table
+(self_improve/config/judges.py, where every method is registered once with what it needs and where
+its verdict function lives) and `judge_quality` measures it against the oracle `verifier`.
 
-One interface for all: ``fn(samples, cfg, ctx) -> Verdicts``, where a reward is a float or None
-(no verdict). None is never turned into 0: a sample without a verdict is dropped downstream, not
-"rejected". Each method is registered once below with what it needs (a model, the reference
-model, the rubric template) and how its rewards read (a verdict in [0, 1], or a ranking score).
+Every judge takes the samples and returns nullable rewards: ``fn(samples, cfg, ctx) -> Verdicts``,
+where a reward is a float or None (no verdict). None is never turned into 0: a sample without a
+verdict is dropped downstream, not "rejected". Self-judges never see the gold answer.
 
 - ``majority_vote`` (TTRL): per prompt, the plurality answer of its k samples is the label.
 - ``co_reward`` (Co-Reward): per problem, the plurality answer pooled over the samples of all its
@@ -37,21 +38,18 @@ mean token log-prob), stored as ``consistency`` = (tau + 1) / 2 for the train st
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import pandas as pd
 
-from self_improve.config import JudgeConfig, JudgeMethod
-from self_improve.judges.base import JudgeContext, Verdicts, Verify, category
-from self_improve.judges.controls import format_reward, random_reward, validity_reward
-from self_improve.judges.model import _implicit_reward, _llm_judge, _self_certainty
+from self_improve.config import ConfigError, FrozenJudge, JudgeConfig, JudgeMode, judge_of
+from self_improve.judges.base import JudgeContext, ModelHandle, Verdicts, Verify, category, template_path
+from self_improve.judges.rubric import load_template
 from self_improve.judges.validity import invalid_reason
-from self_improve.judges.votes import _vote_by
 from self_improve.quality import consistency_from_tau, kendall_tau, roc_auc
 
 
-def _verifier(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext) -> Verdicts:
+def verifier(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext) -> Verdicts:
     if ctx.verify is None:
         raise ValueError("judge.method verifier needs the task's check of an answer (JudgeContext.verify)")
     reward = [ctx.verify(p if isinstance(p, str) else None, a if isinstance(a, str) else None, category(c))
@@ -60,29 +58,51 @@ def _verifier(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext) -> Ver
     return Verdicts(reward, label)
 
 
-@dataclass(frozen=True)
-class Judge:
-    fn: Callable[[pd.DataFrame, JudgeConfig, JudgeContext], Verdicts]
-    uses_ground_truth: bool = False
-    needs_policy: bool = False
-    needs_reference: bool = False
-    needs_template: bool = False
-    verdict: bool = True  # rewards are verdicts in [0, 1] (>= 0.5: judged right); else a ranking
+def needs(cfg: JudgeConfig, consistency: bool = False) -> set[str]:
+    """The models judging with `cfg` needs, from the judge table: `policy` (the model that sampled: a
+    judge that scores with it, or inverse problems), `reference` (the model before it: implicit
+    reward, CREAM's consistency), `frozen` (judge.frozen: the base, adapters off)."""
+    judge = cfg.judge
+    out = set()
+    if judge.needs_policy or cfg.inverse:
+        out.add("policy")
+    if judge.needs_reference or consistency:
+        out.add("reference")
+    if cfg.frozen != FrozenJudge.none:
+        out.add("frozen")
+    return out
 
 
-REGISTRY: dict[JudgeMethod, Judge] = {
-    JudgeMethod.majority_vote: Judge(_vote_by("prompt_id")),
-    JudgeMethod.co_reward: Judge(_vote_by("group_id")),  # the views: JudgeMethod.needs_rewrites
-    JudgeMethod.vote_share: Judge(_vote_by("prompt_id", share_reward=True)),
-    JudgeMethod.llm_judge: Judge(_llm_judge, needs_policy=True, needs_template=True),
-    JudgeMethod.self_certainty: Judge(_self_certainty, needs_policy=True, verdict=False),
-    JudgeMethod.implicit_reward: Judge(_implicit_reward, needs_policy=True, needs_reference=True,
-                                       verdict=False),
-    JudgeMethod.verifier: Judge(_verifier, uses_ground_truth=True),
-    JudgeMethod.random: Judge(random_reward),  # control arms (judges/controls.py)
-    JudgeMethod.format: Judge(format_reward),
-    JudgeMethod.validity_only: Judge(validity_reward),
-}
+def _template(params, key: str | None = None) -> str:
+    try:
+        return load_template(template_path(params, key))
+    except (OSError, ValueError) as err:
+        key = key or ("correct_template" if params.judge.mode == JudgeMode.yes_logprob else "template")
+        raise ConfigError(f"judge.{key}: {err}") from None
+
+
+def context(params, models: dict[str, ModelHandle], *, task=None, seed: int = 0,
+            cfg: JudgeConfig | None = None) -> JudgeContext:
+    """The JudgeContext that judging with `cfg` (default params.judge) reads, built one way for the judge
+    stage, the evaluate stage's frozen judge and the diagnosis: the templates the judge table says it
+    renders (a bad file refused by key), the scoring limits of params, the task's check, question and
+    inverse problems, and the `models` given by role (policy, reference, frozen; `needs` says which)."""
+    cfg = cfg or params.judge
+    ctx = JudgeContext(template=_template(params) if cfg.judge.needs_template else None,
+                       frozen_template=(_template(params, "correct_template") if "frozen" in models
+                                        or cfg.frozen != FrozenJudge.none else None),
+                       seed=seed, batch_size=params.sample.batch_size, max_tokens=params.sample.score_tokens,
+                       max_length=params.model.max_length, policy=models.get("policy"),
+                       reference=models.get("reference"), frozen=models.get("frozen"))
+    if task is not None:
+        ctx.verify = task.verify
+        ctx.question = getattr(task, "question", lambda prompt: prompt)
+    if cfg.inverse:
+        if not hasattr(task, "inverse"):
+            raise ConfigError(f"judge.inverse: task {params.task.name.value} poses no inverse problems "
+                              "(word_math and reasoning_gym do)")
+        ctx.inverse, ctx.extract = task.inverse, lambda response: task.extract(response).answer
+    return ctx
 
 
 def consistency(samples: pd.DataFrame, reward: list[Optional[float]], ctx: JudgeContext) -> list[Optional[float]]:
@@ -110,7 +130,7 @@ def judge_samples(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext | N
     hidden from the judge) and get the lowest reward: 0 for verdicts, the lowest reward given for a
     ranking."""
     ctx = ctx or JudgeContext()
-    judge = REGISTRY[cfg.method]
+    judge = judge_of(cfg.method)
     # self-judges never see the ground truth
     visible = samples if judge.uses_ground_truth else samples.assign(answer=None)
     n = len(samples)
@@ -120,7 +140,7 @@ def judge_samples(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext | N
                                 p if isinstance(p, str) else None, cfg.restates.value) is None
                  for q, r, p in zip(samples["prompt"], samples["response"], samples["pred"])]
         visible = visible.assign(pred=[p if ok else None for p, ok in zip(visible["pred"], valid)])
-    v = judge.fn(visible, cfg, ctx)
+    v = judge.function()(visible, cfg, ctx)
     reward = list(v.reward)
     if cfg.validity:
         given = [r for r in reward if r is not None]

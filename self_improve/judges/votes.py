@@ -101,3 +101,9 @@ def _vote_by(key: str, share_reward: bool = False) -> Callable[[pd.DataFrame, Ju
         return Verdicts(reward, label, penalised=penalised)
 
     return judge
+
+
+# the vote judges of the judge table (self_improve/config/judges.py)
+majority_vote = _vote_by("prompt_id")
+co_reward = _vote_by("group_id")  # the views: the table's needs_rewrites
+vote_share = _vote_by("prompt_id", share_reward=True)

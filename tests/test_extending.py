@@ -1,0 +1,71 @@
+"""docs/extending.md's worked examples, run as the page writes them: each adds to the loop with one module
+of its own and its one entry, and no edit anywhere else."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import pytest
+import yaml
+
+from self_improve import artifacts as art
+from self_improve.config import JUDGES, ConfigError, parse_params, unregister
+
+from .conftest import ROOT, deep_merge, run_all
+
+PAGE = ROOT / "docs" / "extending.md"
+
+
+def _blocks(section: str, lang: str) -> list[str]:
+    """The `lang` code blocks of docs/extending.md's `## section`."""
+    text = PAGE.read_text()
+    body = text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(rf"```{lang}\n(.*?)```", body, flags=re.S)
+
+
+@pytest.fixture
+def brevity_plugin(tmp_path, monkeypatch):
+    """The page's plugin module, importable as `brevity_example`; its judge unregistered afterwards."""
+    (code,) = _blocks("A judge", "python")
+    folder = tmp_path / "ext"
+    folder.mkdir()
+    (folder / "brevity_example.py").write_text(code)
+    monkeypatch.syspath_prepend(str(folder))
+    yield "brevity_example"
+    unregister("brevity")
+    sys.modules.pop("brevity_example", None)
+
+
+def test_a_judge_added_by_a_plugin_is_a_judge_method(brevity_plugin, tiny_raw):
+    (snippet,) = _blocks("A judge", "yaml")
+    over = yaml.safe_load(snippet)
+    assert over["plugins"] == ["plugins.brevity"] and over["judge"] == {"method": "brevity"}
+    params = parse_params(deep_merge(tiny_raw, {**over, "plugins": [brevity_plugin]}))
+    assert params.judge.method == "brevity" and "brevity" in JUDGES and not params.judge.judge.verdict
+    with pytest.raises(ConfigError, match="unknown judge 'brevit'.*brevity"):
+        parse_params(deep_merge(tiny_raw, {"plugins": [brevity_plugin], "judge": {"method": "brevit"}}))
+    with pytest.raises(ConfigError, match="plugins: cannot import no_such_plugin"):
+        parse_params(deep_merge(tiny_raw, {"plugins": ["no_such_plugin"]}))
+
+
+@pytest.mark.loop
+def test_the_plugin_judge_runs_the_whole_loop(brevity_plugin, tmp_path, tiny_raw, monkeypatch):
+    """Through the judge stage and the loop, in-process: the rewards are the page's formula, the pairs
+    prefer the shorter answered response, and every iteration trains and is evaluated."""
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(deep_merge(tiny_raw, {"plugins": [brevity_plugin],
+                                                           "judge": {"method": "brevity"}})))
+    run_all(tmp_path, params, monkeypatch)
+    judged = art.read_table(tmp_path / "data" / "it1" / "judgments.parquet", art.JUDGMENTS)
+    answered = judged["pred"].notna()
+    assert answered.any()
+    want = [1.0 / (1.0 + len(r) / 100) for r in judged.loc[answered, "response"]]
+    assert judged.loc[answered, "reward"].astype(float).tolist() == pytest.approx(want)
+    assert judged.loc[~answered, "reward"].isna().all()
+    pairs = art.read_table(tmp_path / "data" / "it1" / "pairs.parquet", art.PAIRS)
+    assert len(pairs) and (pairs["chosen"].str.len() <= pairs["rejected"].str.len()).all()
+    for it in ("it1", "it2", "it3"):
+        metrics = json.loads((tmp_path / "reports" / "iterations" / it / "metrics.json").read_text())
+        assert metrics["accuracy"] is not None and metrics["num_pairs"] > 0, it
