@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: vllm-env vllm-server install loop seeds variants loop-smollm2 loops-smollm2 gap-smollm2 lengths-smollm2 gym-levels-smollm2 print-smol-recipe flow deploy worker serve test test-unit test-e2e test-slow smollm2 bench bench-real mlflow-ui mlflow-server mlflow-resend clean-state
+.PHONY: vllm-env vllm-server install loop seeds variants loop-smollm2 loops-smollm2 gap-smollm2 lengths-smollm2 gym-levels-smollm2 print-smol-recipe flow deploy worker serve test test-unit test-e2e test-slow smollm2 bench bench-real bench-quick bench-real-quick mlflow-ui mlflow-server mlflow-resend clean-state
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -120,6 +120,12 @@ smollm2: install  ## a real instruct model offline: models/smollm2-135m-instruct
 
 bench: install  ## where the time goes: the loop, orchestration, sampling (figures in reports/benchmark.json)
 	$(PY) -m benchmarks.bench --out reports/benchmark.json
+
+bench-quick: install  ## `make bench` at the tiny sizes into a temporary file: that it completes (CI runs it), no target checked
+	$(PY) -m benchmarks.bench --quick
+
+bench-real-quick: smollm2  ## `make bench-real` on a few prompts into a temporary file: that it completes (CI runs it)
+	$(PY) -m benchmarks.real --model $(SMOL) --quick
 
 bench-real: smollm2  ## the same on SmolLM2-135M-Instruct: sampling, scoring, training, memory, bytes (reports/benchmark_smollm2.json)
 	$(PY) -m benchmarks.real --model $(SMOL) --out reports/benchmark_smollm2.json

@@ -12,6 +12,10 @@
    on CUDA, and with vLLM when it is installed.
 
 Figures go to the JSON file given by --out; the last line printed sums up the targets.
+
+`--quick` (`make bench-quick`, what CI runs) does every step on the test suite's tiny sizes (a few
+prompts, one short iteration's worth of work each) into a temporary file: it proves the command
+completes from a fresh clone, not how fast it is, so no target is checked.
 """
 
 from __future__ import annotations
@@ -28,6 +32,11 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# --quick: the loop at the sizes of the test suite's tiny config (params overrides of the clone)
+QUICK = {"task.heldout_size": 30, "task.ttt_size": 30, "prepare.train_size": 200, "prepare.steps": 30,
+         "prepare.model.hidden_size": 32, "prepare.model.num_layers": 1, "prepare.model.num_heads": 2,
+         "prepare.model.intermediate_size": 64, "evolve.fresh": 6, "evolve.keep_top": 4, "sample.k": 2,
+         "sample.max_new_tokens": 4, "train.epochs": 1, "evaluate.k": 2}
 TARGETS = {"batched_speedup": 20.0, "orchestration_share": 0.05, "noop_repro_seconds": 5.0,
            "loop_seconds": 300.0, "linear_r2": 0.98}
 
@@ -71,8 +80,20 @@ def _split(rows: list[dict], wall: float, outside: str) -> dict:
             "mlflow_seconds": round(mlflow_s, 2), "orchestration_share": round((wall - in_stages + mlflow_s) / wall, 4)}
 
 
-def bench_loop(tmp: Path) -> tuple[dict, Path]:
-    work = clone(tmp / "loop")
+def clone_quick(dest: Path) -> Path:
+    """A fresh clone whose params.yaml carries QUICK."""
+    import yaml
+
+    from self_improve import recipes
+
+    work = clone(dest)
+    raw = yaml.safe_load((work / "params.yaml").read_text())
+    (work / "params.yaml").write_text(yaml.safe_dump(recipes.apply(raw, QUICK), sort_keys=False))
+    return work
+
+
+def bench_loop(tmp: Path, quick: bool = False) -> tuple[dict, Path]:
+    work = (clone_quick if quick else clone)(tmp / "loop")
     timings = work / "timings.jsonl"
     env = _env(work, timings)
     print("loop: dvc repro in a fresh clone ...", flush=True)
@@ -99,9 +120,9 @@ def bench_direct(work: Path) -> dict:
     return {"loop_seconds": round(wall, 1), "stages": _stage_table(_read_timings(timings))}
 
 
-def bench_flow(tmp: Path) -> dict:
+def bench_flow(tmp: Path, quick: bool = False) -> dict:
     """The same loop as a Prefect flow in a fresh clone; the server is started before timing."""
-    work = clone(tmp / "flow")
+    work = (clone_quick if quick else clone)(tmp / "flow")
     timings = work / "timings.jsonl"
     print("loop: the Prefect flow in a fresh clone ...", flush=True)
     code = ("import json, sys, time\n"
@@ -191,7 +212,8 @@ def bench_compute(work: Path, device: str, single_prompts: int) -> dict:
 
     prompts = art.read_table(work / "data/it1/prompts.parquet", art.PROMPTS)
     sampler = HFSampler(model, tok)
-    sizes = [n for n in (250, 500, 1000, 2000) if n <= len(prompts)]
+    sizes = [n for n in (250, 500, 1000, 2000) if n <= len(prompts)] or [  # a quick run's few prompts
+        max(1, len(prompts) * i // 4) for i in (1, 2, 3, 4)]
     times = [timed(lambda n=n: sample(sampler, prompts.head(n), cfg, 0, progress=False))[1] for n in sizes]
     slope, intercept = np.polyfit(sizes, times, 1)
     pred = np.polyval([slope, intercept], sizes)
@@ -249,7 +271,10 @@ def _git_sha() -> str | None:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="reports/benchmark.json", help="JSON file for the figures")
+    p.add_argument("--out", default=None, help="JSON file for the figures (default reports/benchmark.json; "
+                                               "with --quick a temporary file)")
+    p.add_argument("--quick", action="store_true",
+                   help="every step at the tiny sizes: that the command completes, no target checked (CI)")
     p.add_argument("--workdir", help="reuse a repo where the loop has run (skips the loop benchmarks)")
     p.add_argument("--no-flow", action="store_true", help="skip the Prefect flow run")
     p.add_argument("--direct", action="store_true",
@@ -265,7 +290,9 @@ def main(argv: list[str] | None = None) -> None:
                              "torch": torch.__version__,
                              "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
                  "git_sha": _git_sha()}
-    out = Path(args.out)
+    out = Path(args.out or (Path(tempfile.gettempdir()) / "benchmark_quick.json" if args.quick
+                            else "reports/benchmark.json"))
+    res["quick"] = args.quick
 
     def save() -> None:  # after every section, so a later failure keeps what was measured
         write_json(res, out, sort_keys=False)
@@ -277,19 +304,25 @@ def main(argv: list[str] | None = None) -> None:
         elif args.workdir:
             work = Path(args.workdir).resolve()
         else:
-            res["loop"], work = bench_loop(Path(tmp))
+            res["loop"], work = bench_loop(Path(tmp), args.quick)
             save()
             if not args.no_flow:
-                res["loop"]["prefect"] = bench_flow(Path(tmp))
+                res["loop"]["prefect"] = bench_flow(Path(tmp), args.quick)
         save()
         print("compute: sampling, scoring, training, scaling on the default model ...", flush=True)
-        res["cpu"] = bench_compute(work, "cpu", args.single_prompts)
+        single = min(args.single_prompts, 2) if args.quick else args.single_prompts
+        res["cpu"] = bench_compute(work, "cpu", single)
         save()
         if torch.cuda.is_available():
-            res["cuda"] = bench_compute(work, "cuda", args.single_prompts)
+            res["cuda"] = bench_compute(work, "cuda", single)
             save()
     print(json.dumps(res, indent=2))
     print(f"figures written to {out}")
+    if args.quick:
+        if "error" in res.get("loop", {}).get("prefect", {}):
+            sys.exit(f"bench: the Prefect flow failed: {res['loop']['prefect']['error']}")
+        print("quick: every step completed; the tiny sizes make no target meaningful, none checked")
+        return
     print(summary_line(res))
 
 

@@ -20,7 +20,9 @@
    `research/real_loops.py` keeps one beside each result with the wall time in the result
    (`--loop-only` updates just these figures).
 
-The last line printed sums up the targets.
+The last line printed sums up the targets. `--quick` (`make bench-real-quick`, what CI runs) does
+every step on a few prompts, short answers and one small training batch, into a temporary file:
+that the command completes from a fresh clone, no target checked.
 """
 
 from __future__ import annotations
@@ -65,7 +67,14 @@ def forward_rate(model) -> float:
     return round(ids.numel() / secs, 1)
 
 
-def micro(model_dir: Path) -> tuple[dict, list[str], list[str]]:
+# the sizes of each step: the full run, and --quick's few prompts and short answers
+FULL = {"prompts": 64, "singles": 8, "new_tokens": 32, "engine_new_tokens": 48, "k": 8, "micro": (8, 64),
+        "batch": 64, "epochs": 2}
+QUICK = {"prompts": 8, "singles": 2, "new_tokens": 8, "engine_new_tokens": 8, "k": 2, "micro": (4, 8),
+         "batch": 8, "epochs": 1}
+
+
+def micro(model_dir: Path, size: dict = FULL) -> tuple[dict, list[str], list[str]]:
     import torch
 
     from self_improve.engines.hf import SamplingSpec, chat_format, generate, score
@@ -77,15 +86,15 @@ def micro(model_dir: Path) -> tuple[dict, list[str], list[str]]:
     out: dict = {"threads": torch.get_num_threads(), "device": str(next(model.parameters()).device),
                  "dtype": str(next(model.parameters()).dtype)}
     out["forward_tokens_per_s"] = forward_rate(model)
-    prompts = [f"What is {a} + {b}?" for a, b in zip(range(11, 75), range(30, 94))]
-    spec = SamplingSpec(n=1, temperature=0.7, max_new_tokens=32, batch_size=64)
+    prompts = [f"What is {a} + {b}?" for a, b in zip(range(11, 75), range(30, 94))][:size["prompts"]]
+    spec = SamplingSpec(n=1, temperature=0.7, max_new_tokens=size["new_tokens"], batch_size=64)
     generate(model, tok, prompts[:4], spec, seed=0, progress=False, chat=chat)  # warm-up
     res, secs = timed(lambda: generate(model, tok, prompts, spec, seed=1, progress=False, chat=chat))
     out["sampling_batched_tokens_per_s"] = round(res.new_tokens / secs, 1)
     out["sampling_batched_truncated_share"] = round(res.truncated_share(), 3)
-    one = SamplingSpec(n=1, temperature=0.7, max_new_tokens=32, batch_size=1)
+    one = SamplingSpec(n=1, temperature=0.7, max_new_tokens=size["new_tokens"], batch_size=1)
     singles, secs = timed(lambda: [generate(model, tok, [p], one, seed=i, progress=False, chat=chat)
-                                   for i, p in enumerate(prompts[:8])])
+                                   for i, p in enumerate(prompts[:size["singles"]])])
     out["sampling_single_tokens_per_s"] = round(sum(g.new_tokens for g in singles) / secs, 1)
     out["batched_vs_single"] = round(out["sampling_batched_tokens_per_s"] / out["sampling_single_tokens_per_s"], 1)
     out["batched_sampling_vs_forward"] = round(out["sampling_batched_tokens_per_s"] / out["forward_tokens_per_s"], 3)
@@ -202,7 +211,7 @@ def scoring(model_dir: Path, n_prompts: int = 64, k: int = 8, max_new_tokens: in
 
 
 def train_stage(model_dir: Path, prompts: list[str], responses: list[str], micro_batch: int, tmp: Path,
-                bf16: bool = False, native: bool = False) -> dict:
+                bf16: bool = False, native: bool = False, batch: int = 64, epochs: int = 2) -> dict:
     """The train stage as a user runs it, in its own process: peak RSS, tokens/s, bytes written.
     `bf16`: train.bf16 (mixed precision); `native`: SELF_IMPROVE_CPU_ISA=native (no AVX2 pins)."""
     import pandas as pd
@@ -225,7 +234,7 @@ def train_stage(model_dir: Path, prompts: list[str], responses: list[str], micro
     art.write_table(art.empty_table(art.GROUPS), work / "groups.parquet", art.GROUPS)
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["model"].update(base=str(model_dir), max_length=256)
-    params["train"].update(algorithm="raft", epochs=2, batch_size=64, micro_batch_size=micro_batch,
+    params["train"].update(algorithm="raft", epochs=epochs, batch_size=batch, micro_batch_size=micro_batch,
                            checkpoint_every=0, bf16=bf16)
     (work / "params.yaml").write_text(yaml.safe_dump(params))
     timings = work / "timings.jsonl"
@@ -256,23 +265,24 @@ def train_stage(model_dir: Path, prompts: list[str], responses: list[str], micro
     stage_seconds = json.loads(timings.read_text().splitlines()[-1])["seconds"]
     written = sum(f.stat().st_size for f in (work / "it1").rglob("*") if f.is_file())
     base_bytes = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
-    return {"micro_batch_size": micro_batch, "batch_size": 64, "rows": n, "epochs": 2, "bf16": bf16,
+    return {"micro_batch_size": micro_batch, "batch_size": batch, "rows": n, "epochs": epochs, "bf16": bf16,
             "cpu_isa": "native" if native else "pinned",
             "loss_first": round(metrics["train_loss_first"], 5),
             "train_steps": metrics["train_steps"], "peak_rss_gb": round(rss_kb / 2**20, 2),
             **({"peak_gpu_gb": round(gpu[0] / 2**30, 2)} if gpu else {}),
             "stage_seconds": round(stage_seconds, 1),
-            "train_tokens_per_s": round(2 * tokens / stage_seconds, 1),  # includes loading: a lower bound
+            "train_tokens_per_s": round(epochs * tokens / stage_seconds, 1),  # includes loading: a lower bound
             "iteration_bytes": written, "base_bytes": base_bytes, "iteration_bytes_share": round(written / base_bytes, 4)}
 
 
-def precision(model_dir: Path, prompts: list[str], responses: list[str], tmp: Path) -> dict:
+def precision(model_dir: Path, prompts: list[str], responses: list[str], tmp: Path, size: dict = FULL) -> dict:
     """The train stage at micro-batch 8 in float32 under the AVX2 pins (the default), in float32 with
     the CPU's own kernels, and with train.bf16 on them (AMX where the CPU has it): seconds, speed-up
     over the default, and each run's first loss (mixed precision should leave it near float32's)."""
     from self_improve.cpu import cpu_flags
 
-    runs = {name: train_stage(model_dir, prompts, responses, 8, tmp, bf16=bf16, native=native)
+    runs = {name: train_stage(model_dir, prompts, responses, size["micro"][0], tmp, bf16=bf16, native=native,
+                              batch=size["batch"], epochs=size["epochs"])
             for name, bf16, native in (("pinned_float32", False, False), ("native_float32", False, True),
                                        ("native_bf16", True, True))}
     base = runs["pinned_float32"]["stage_seconds"]
@@ -298,7 +308,10 @@ def main(argv: list[str] | None = None) -> None:
 
     p = argparse.ArgumentParser(prog="python -m benchmarks.real", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="models/smollm2-135m-instruct", help="a local HF model directory")
-    p.add_argument("--out", default="reports/benchmark_smollm2.json")
+    p.add_argument("--out", default=None, help="JSON file for the figures (default reports/benchmark_smollm2.json; "
+                                               "with --quick a temporary file)")
+    p.add_argument("--quick", action="store_true",
+                   help="every step on a few prompts: that the command completes, no target checked (CI)")
     p.add_argument("--loop-timings", help="SELF_IMPROVE_TIMINGS file of a real-model loop")
     p.add_argument("--loop-seconds", type=float, help="that loop's wall time")
     p.add_argument("--loop-only", action="store_true",
@@ -310,6 +323,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--precision-only", action="store_true",
                    help="only the train stage in float32 / float32 unpinned / bf16: update the `train_precision` figures")
     args = p.parse_args(argv)
+    size = QUICK if args.quick else FULL
+    args.out = args.out or (str(Path(tempfile.gettempdir()) / "benchmark_smollm2_quick.json") if args.quick
+                            else "reports/benchmark_smollm2.json")
 
     def update(key: str, figures: dict) -> dict:
         """Replace one section of --out's figures, keeping the rest."""
@@ -341,22 +357,28 @@ def main(argv: list[str] | None = None) -> None:
         return
     model_dir = Path(args.model)
     result: dict = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "model": str(model_dir)}}
-    sampling, prompts, responses = micro(model_dir)
+    result["quick"] = args.quick
+    sampling, prompts, responses = micro(model_dir, size)
     result["inference"] = sampling
     print(json.dumps(sampling), flush=True)
-    result["engines"] = engines(model_dir)
+    result["engines"] = engines(model_dir, size["prompts"], size["engine_new_tokens"])
     print(json.dumps(result["engines"]), flush=True)
-    result["scoring"] = scoring(model_dir)
+    result["scoring"] = scoring(model_dir, size["prompts"], size["k"], size["engine_new_tokens"])
     print(json.dumps(result["scoring"]), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        result["train"] = [train_stage(model_dir, prompts, responses, m, Path(tmp)) for m in (8, 64)]
+        result["train"] = [train_stage(model_dir, prompts, responses, m, Path(tmp), batch=size["batch"],
+                                       epochs=size["epochs"]) for m in size["micro"]]
         # its own folder: the memory runs above already used train-micro8 in this one
-        result["train_precision"] = precision(model_dir, prompts, responses, Path(tmp) / "precision")
+        result["train_precision"] = precision(model_dir, prompts, responses, Path(tmp) / "precision", size)
     print(json.dumps(result["train"]), flush=True)
     print(json.dumps(result["train_precision"]), flush=True)
     if args.loop_timings and args.loop_seconds:
         result["loop"] = orchestration(Path(args.loop_timings), args.loop_seconds)
     write_json(result, args.out, sort_keys=False)
+    if args.quick:
+        print(f"figures written to {args.out}")
+        print("quick: every step completed; at these sizes no target is meaningful, none checked")
+        return
     t8 = result["train"][0]
     runs = result["engines"]["runs"]
     checks = {

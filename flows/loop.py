@@ -30,7 +30,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field
 
 from self_improve import recipes
-from self_improve.config import JUDGES, Algorithm, EvolveStrategy, parse_params
+from self_improve.config import ALGORITHMS, JUDGES, EvolveStrategy, parse_params
 
 from .dag import stage_order
 
@@ -158,7 +158,8 @@ def self_improve_loop(
                                                       "separated, applied first: smollm2-gym,scpo")]] = None,
     judge_method: Optional[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$",
                                                 description="judge.method: " + ", ".join(JUDGES))]] = None,
-    train_algorithm: Optional[Algorithm] = None,
+    train_algorithm: Optional[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$",
+                                                   description="train.algorithm: " + ", ".join(ALGORITHMS))]] = None,
     evolve_strategy: Optional[EvolveStrategy] = None,
     samples_per_prompt: Optional[Annotated[int, Field(ge=1, le=64, description="sample.k")]] = None,
     temperature: Optional[Annotated[float, Field(gt=0, le=2, description="sample.temperature")]] = None,

@@ -166,9 +166,10 @@ def _doc(cls: type) -> str:
 
 def _tables() -> dict[str, dict[str, str]]:
     """Choices that live in a table of the library rather than an enum: {key: {name: what it is}}."""
-    from self_improve.config import JUDGES
+    from self_improve.config import ALGORITHMS, JUDGES
 
-    return {"judge.method": {name: judge.about for name, judge in JUDGES.items()}}
+    return {"judge.method": {name: judge.about for name, judge in JUDGES.items()},
+            "train.algorithm": {name: algo.about for name, algo in ALGORITHMS.items()}}
 
 
 def _sections(model: type[BaseModel], prefix: str, depth: int, enums: dict[str, type]) -> list[str]:
@@ -190,7 +191,8 @@ def _sections(model: type[BaseModel], prefix: str, depth: int, enums: dict[str, 
         kind = _type(field.annotation, key)
         if key in (tables := _tables()):
             enums[key] = tables[key]
-            kind = (f"a name of the judge table: {', '.join(f'`{n}`' for n in tables[key])} "
+            table = "judge" if key == "judge.method" else "algorithm"
+            kind = (f"a name of the {table} table: {', '.join(f'`{n}`' for n in tables[key])} "
                     f"([choices](#{_slug(_choice_heading(key))}))")
         limits = _constraints(field)
         if limits:

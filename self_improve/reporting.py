@@ -162,7 +162,7 @@ def summary_markdown(df: pd.DataFrame, params: Params, figures: list[str],
     lines = [
         "# Self-improvement loop: summary",
         "",
-        f"Judge `{params.judge.method}`, training `{params.train.algorithm.value}`, "
+        f"Judge `{params.judge.method}`, training `{params.train.algorithm}`, "
         f"{params.sample.k} samples per prompt, seed {params.seed}.",
         "",
         "- **held-out acc / maj@k**: greedy and majority-of-k accuracy on problems disjoint from every "

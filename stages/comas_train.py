@@ -15,7 +15,7 @@ from self_improve import artifacts as art
 from self_improve.agents.discussion import TRANSCRIPTS, buffer
 from self_improve.agents.roster import agent_dir, agent_model
 from self_improve.cli import derive_seed, run_stage, stage_provenance
-from self_improve.config import Algorithm, ConfigError, Params
+from self_improve.config import ConfigError, Params
 from self_improve.models.loading import load_model, save_adapter_chain, set_threads
 from self_improve.training.iteration import train
 
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
                               "set it to true")
         set_threads()
         transcripts = art.read_table(args.transcripts, TRANSCRIPTS)
-        cfg = params.train.model_copy(update={"algorithm": Algorithm.grpo})
+        cfg = params.train.model_copy(update={"algorithm": "grpo"})
         metrics = {}
         with art.atomic_path(args.out, is_dir=True) as tmp:
             for k in range(params.agents.n):

@@ -14,7 +14,7 @@ import logging
 
 from self_improve import artifacts as art
 from self_improve.cli import derive_seed, run_stage, stage_provenance
-from self_improve.config import Algorithm, Params
+from self_improve.config import Params
 from self_improve.judges import ModelHandle, context, judge_quality, judge_samples, needs
 from self_improve.tasks import task_for
 
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     def body(args: argparse.Namespace, params: Params) -> None:
         cfg = params.judge.model_copy(update={"min_share": params.min_share(args.iteration)})  # the rising gate
         judge = cfg.judge  # its entry of the judge table
-        consistency = params.train.algorithm == Algorithm.cream
+        consistency = params.train.method.consistency  # CREAM's, stored for the train stage
         roles = needs(cfg, consistency)
         models = {}
         if roles:

@@ -7,7 +7,7 @@ import argparse
 
 from self_improve import artifacts as art
 from self_improve.cli import derive_seed, run_stage, stage_provenance
-from self_improve.config import Algorithm, Params
+from self_improve.config import Params
 from self_improve.pairs import build, groups, spin_pairs
 
 # the params keys this stage reads: dvc.yaml's params for it, and its provenance
@@ -32,11 +32,11 @@ def main(argv: list[str] | None = None) -> None:
         if args.bstar:
             cfg = cfg.model_copy(update={"sft_min_reward": float(art.read_json(args.bstar)["threshold"])})
         pairs, best = build(judgments, cfg, seed)
-        if params.train.algorithm == Algorithm.spin:
+        if params.train.method.reference_pairs:
             pairs = spin_pairs(judgments, seed)
         outs = [args.pairs, args.sft, args.groups]
         prov = stage_provenance("pairs", args.iteration, params, PARAMS, outs)
-        prov["spin"] = params.train.algorithm == Algorithm.spin
+        prov["spin"] = params.train.method.reference_pairs  # the seed data's reference answers as chosen
         prov["sft_min_reward"] = cfg.sft_min_reward  # the one used: the params', or B-STaR's choice
         art.write_table(pairs, args.pairs, art.PAIRS, prov)
         art.write_table(best, args.sft, art.SFT, prov)

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from self_improve import artifacts as art
-from self_improve.config import JUDGES, ConfigError, parse_params, unregister
+from self_improve.config import JUDGES, ConfigError, parse_params, unregister, unregister_algorithm
 
 from .conftest import ROOT, deep_merge, run_all
 
@@ -69,3 +69,52 @@ def test_the_plugin_judge_runs_the_whole_loop(brevity_plugin, tmp_path, tiny_raw
     for it in ("it1", "it2", "it3"):
         metrics = json.loads((tmp_path / "reports" / "iterations" / it / "metrics.json").read_text())
         assert metrics["accuracy"] is not None and metrics["num_pairs"] > 0, it
+
+
+@pytest.fixture
+def hinge_plugin(tmp_path, monkeypatch):
+    """The page's algorithm module, importable as `hinge_example`; unregistered afterwards."""
+    (code,) = _blocks("A training algorithm", "python")
+    folder = tmp_path / "ext_algo"
+    folder.mkdir()
+    (folder / "hinge_example.py").write_text(code)
+    monkeypatch.syspath_prepend(str(folder))
+    yield "hinge_example"
+    unregister_algorithm("hinge")
+    sys.modules.pop("hinge_example", None)
+
+
+def test_an_algorithm_added_by_a_plugin_trains_with_its_loss(hinge_plugin, tiny_raw):
+    """The loss is SLiC's hinge on a known input, and the preference trainer runs it by name."""
+    import importlib
+
+    import torch
+
+    from self_improve.training.loop import Schedule
+    from self_improve.training.trainers import PreferenceTrainer, RunContext
+
+    params = parse_params(deep_merge(tiny_raw, {"plugins": [hinge_plugin], "train": {"algorithm": "hinge"}}))
+    assert params.train.method.family == "preference" and params.train.method.nll
+    hinge_loss = importlib.import_module(hinge_plugin).hinge_loss
+    pc, pr = torch.tensor([-1.0, -3.0]), torch.tensor([-2.0, -1.0])
+    rc, rr = torch.tensor([-1.5, -2.0]), torch.tensor([-1.5, -2.0])
+    loss, stats = hinge_loss(pc, pr, rc, rr, beta=2.0)
+    # margins 2 * ((0.5) - (-0.5)) = 2 and 2 * ((-1) - (1)) = -4: relu(1 - 2) = 0, relu(1 + 4) = 5
+    assert float(loss) == pytest.approx(2.5) and stats["reward_accuracy"].tolist() == [1.0, 0.0]
+    trainer = PreferenceTrainer(RunContext(None, Schedule(1e-3, 1), 4), "hinge", params.train.dpo)
+    assert trainer.fn is hinge_loss
+    with pytest.raises(ConfigError, match="unknown algorithm 'hing'.*hinge"):
+        parse_params(deep_merge(tiny_raw, {"plugins": [hinge_plugin], "train": {"algorithm": "hing"}}))
+
+
+@pytest.mark.loop
+def test_the_plugin_algorithm_runs_the_whole_loop(hinge_plugin, tmp_path, tiny_raw, monkeypatch):
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(deep_merge(tiny_raw, {"plugins": [hinge_plugin],
+                                                           "train": {"algorithm": "hinge"}})))
+    run_all(tmp_path, params, monkeypatch)
+    for it in ("it1", "it2", "it3"):
+        train = json.loads((tmp_path / "data" / it / "train_metrics.json").read_text())
+        assert train["train_steps"] > 0, it
+        metrics = json.loads((tmp_path / "reports" / "iterations" / it / "metrics.json").read_text())
+        assert metrics["accuracy"] is not None, it

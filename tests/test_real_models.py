@@ -16,7 +16,7 @@ import yaml
 
 from self_improve import artifacts as art
 from self_improve.chat import ChatFormat
-from self_improve.config import Algorithm, DpoConfig, LoraConfig
+from self_improve.config import DpoConfig, LoraConfig
 from self_improve.engines.hf import (
     SamplingSpec,
     chat_format,
@@ -157,7 +157,7 @@ def test_length_grouped_micro_batches_keep_the_dpo_gradient(bpe_model_dir, monke
     rejected = [f"The answer is {a + b + 1}." if a % 2 else str(a - b) for a, b in zip(range(10, 18), range(30, 38))]
 
     def dpo(ctx, model):
-        PreferenceTrainer(ctx, Algorithm.dpo, DpoConfig()).train(model, prompts, chosen, rejected)
+        PreferenceTrainer(ctx, "dpo", DpoConfig()).train(model, prompts, chosen, rejected)
 
     by_length = loop._micro
     whole, grouped = _trained(bpe_model_dir, None, dpo), _trained(bpe_model_dir, 3, dpo)

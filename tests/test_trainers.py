@@ -11,13 +11,12 @@ import pytest
 import torch
 import yaml
 
-from self_improve.config import PREFERENCE, Algorithm, ConfigError, DpoConfig, parse_params
+from self_improve.config import ALGORITHMS, ConfigError, DpoConfig, parse_params
 from self_improve.engines.hf import token_logprobs
 from self_improve.training.iteration import TRAINERS
 from self_improve.training.loop import Checkpoints, Schedule, rng_state, set_rng_state
 from self_improve.training.losses import cream_loss, dpo_loss, ipo_loss, spin_loss
 from self_improve.training.trainers import (
-    PREFERENCE_LOSSES,
     OnPolicyTrainer,
     PreferenceTrainer,
     RunContext,
@@ -32,14 +31,16 @@ REJECTED = ["4", "8111", "1", "4200"]
 
 
 def test_every_algorithm_has_a_trainer_and_every_preference_algorithm_a_loss():
-    assert set(TRAINERS) == set(Algorithm)
-    assert set(PREFERENCE_LOSSES) == set(PREFERENCE)
-    assert PREFERENCE_LOSSES[Algorithm.dpo].fn is dpo_loss and PREFERENCE_LOSSES[Algorithm.spin].fn is spin_loss
-    assert PREFERENCE_LOSSES[Algorithm.cream].fn is cream_loss and PREFERENCE_LOSSES[Algorithm.cream].consistency
-    ipo = PREFERENCE_LOSSES[Algorithm.ipo]
-    assert ipo.fn is ipo_loss and ipo.mean_logps and not ipo.nll  # TRL's loss_type="ipo"
+    assert {a.family for a in ALGORITHMS.values()} == set(TRAINERS)
+    preference = {n for n, a in ALGORITHMS.items() if a.family == "preference"}
+    assert preference == {"dpo", "ipo", "spin", "cream"}
+    assert ALGORITHMS["dpo"].loss_function() is dpo_loss and ALGORITHMS["spin"].loss_function() is spin_loss
+    assert ALGORITHMS["cream"].loss_function() is cream_loss and ALGORITHMS["cream"].consistency
+    assert ALGORITHMS["spin"].reference_pairs and ALGORITHMS["spin"].seed_prompts == 300
+    ipo = ALGORITHMS["ipo"]
+    assert ipo.loss_function() is ipo_loss and ipo.mean_logps and not ipo.nll  # TRL's loss_type="ipo"
     with pytest.raises(ValueError, match="not a preference algorithm"):
-        PreferenceTrainer(RunContext(None, Schedule(1e-3, 1), 4), Algorithm.grpo, DpoConfig())
+        PreferenceTrainer(RunContext(None, Schedule(1e-3, 1), 4), "grpo", DpoConfig())
     with pytest.raises(TypeError, match="abstract"):  # a trainer of samples needs its loss
         OnPolicyTrainer(RunContext(None, Schedule(1e-3, 1), 4))
 
@@ -78,7 +79,7 @@ def test_one_dpo_step_moves_the_model_as_the_loss_computed_by_hand_says(tok, tra
 
     model = copy.deepcopy(trained)
     before = {k: p.detach().clone() for k, p in model.named_parameters()}
-    log = PreferenceTrainer(ctx, Algorithm.dpo, DpoConfig(beta=beta, rpo_alpha=alpha)).train(
+    log = PreferenceTrainer(ctx, "dpo", DpoConfig(beta=beta, rpo_alpha=alpha)).train(
         model, PROMPTS, CHOSEN, REJECTED)
     assert log.losses[0] == pytest.approx(loss.item(), abs=1e-5)
     # AdamW's first step moves each weight by lr * sign(grad) (where the grad is well above eps)
@@ -101,7 +102,7 @@ def test_bf16_runs_the_forward_passes_in_bfloat16_and_keeps_float32_weights(tok,
         linear = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
         hook = linear.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
         ctx = RunContext(tok, Schedule(1e-2, 1), batch_size=4, seed=0, autocast=dtype)
-        log = PreferenceTrainer(ctx, Algorithm.dpo, DpoConfig(beta=0.5, rpo_alpha=0.0)).train(
+        log = PreferenceTrainer(ctx, "dpo", DpoConfig(beta=0.5, rpo_alpha=0.0)).train(
             model, PROMPTS, CHOSEN, REJECTED)
         hook.remove()
         losses[dtype] = log.losses[0]

@@ -18,6 +18,13 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from self_improve.config.agents import AgentLink, AgentsConfig  # noqa: F401 (re-exported)
 from self_improve.config.base import _Section
+from self_improve.config.algorithms import (  # noqa: F401 (re-exported)
+    ALGORITHMS,
+    Algorithm,
+    algorithm_of,
+    register_algorithm,
+    unregister_algorithm,
+)
 from self_improve.config.judges import JUDGES, Judge, judge_of, register, unregister  # noqa: F401 (re-exported)
 from self_improve.config.judging import (  # noqa: F401 (re-exported)
     CrossView,
@@ -57,8 +64,6 @@ from self_improve.config.task import (  # noqa: F401 (re-exported)
     TaskName,
 )
 from self_improve.config.training import (  # noqa: F401 (re-exported)
-    PREFERENCE,
-    Algorithm,
     DpoConfig,
     GrpoConfig,
     LoraConfig,
@@ -133,9 +138,9 @@ class Params(_Section):
             seen.add(name)
         if self.task.kind == TaskName.math_file and self.task.columns and "answer" not in self.task.columns:
             raise ValueError("task.columns: math_file needs `answer` (the file's gold answer column)")
-        if self.train.algorithm == Algorithm.spin and self.evolve.seed_prompts == 0:
-            raise ValueError("train.algorithm spin needs evolve.seed_prompts > 0: SPIN pairs the seed "
-                             "data's reference answers with the model's own samples")
+        if self.train.method.reference_pairs and self.evolve.seed_prompts == 0:
+            raise ValueError(f"train.algorithm {self.train.algorithm} needs evolve.seed_prompts > 0: it pairs the "
+                             "seed data's reference answers with the model's own samples")
         if self.sample.bstar.enabled and (self.judge.judge.runs_model or self.judge.frozen != FrozenJudge.none):
             raise ValueError(f"sample.bstar.enabled: the sweep selects samples by the judge's reward from the "
                              f"answers alone; judge.method {self.judge.method} (or judge.frozen) runs a "
@@ -146,7 +151,7 @@ class Params(_Section):
         """Seed-data prompts per iteration (evolve.seed_prompts, or its default)."""
         if self.evolve.seed_prompts is not None:
             return self.evolve.seed_prompts
-        return 300 if self.train.algorithm == Algorithm.spin else 0
+        return self.train.method.seed_prompts
 
     def min_share(self, iteration: str) -> float:
         """judge.min_share at `iteration`: risen by min_share_step for every iteration after it1."""

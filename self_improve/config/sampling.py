@@ -28,7 +28,7 @@ class EvolveConfig(_Section):
     seed_prompts: Optional[int] = Field(
         None, ge=0,
         description="seed-data prompts (with reference answers, for SPIN) per iteration; "
-        "None: 300 when train.algorithm is spin, else 0",
+        "None: the algorithm's own (300 for spin, 0 for the others: the algorithm table's seed_prompts)",
     )
     sec_alpha: float = Field(0.5, gt=0, le=1, description="sec: TD(0) step size of the category values")
     sec_temperature: float = Field(0.2, gt=0, description="sec: softmax temperature over category values")

@@ -5,22 +5,10 @@ from __future__ import annotations
 import enum
 from typing import Any, Optional
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from self_improve.config.algorithms import algorithm_of
 from self_improve.config.base import _Section
-
-
-class Algorithm(str, enum.Enum):
-    raft = "raft"  # fine-tune on the best-judged samples (RAFT / ReST / STaR)
-    dpo = "dpo"  # sigmoid DPO, optional NLL on the chosen answer (iterative RPO)
-    ipo = "ipo"  # squared loss towards a margin of 1/(2 beta)
-    spin = "spin"  # DPO form: the seed data's reference answer over the model's own sample
-    cream = "cream"  # DPO regularised by the judge's consistency across iterations
-    grpo = "grpo"  # group-relative advantages with a clipped ratio
-    nft = "nft"  # negative-aware fine-tuning: right samples' likelihood up, wrong ones' via the implicit negative policy
-
-
-PREFERENCE = (Algorithm.dpo, Algorithm.ipo, Algorithm.spin, Algorithm.cream)
 
 
 class LoraConfig(_Section):
@@ -69,7 +57,10 @@ _MOVED = {"beta": "train.dpo.beta", "nll_weight": "train.dpo.rpo_alpha",
 
 
 class TrainConfig(_Section):
-    algorithm: Algorithm = Algorithm.raft
+    algorithm: str = Field(
+        "raft", description="the training algorithm: an entry of the algorithm table "
+        "(self_improve/config/algorithms.py), built in or added with `register_algorithm` (docs/extending.md)",
+    )
     lora: LoraConfig = LoraConfig()
     lr: float = Field(1e-3, gt=0)
     epochs: int = Field(4, ge=1)
@@ -89,6 +80,17 @@ class TrainConfig(_Section):
     nft: NftConfig = NftConfig()
     max_grad_norm: float = Field(1.0, gt=0)
     checkpoint_every: int = Field(50, ge=0, description="steps between resumable checkpoints (0: none)")
+
+    @field_validator("algorithm")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        algorithm_of(name)  # refused with the table's names
+        return name
+
+    @property
+    def method(self):
+        """This algorithm's entry of the algorithm table (self_improve/config/algorithms.py)."""
+        return algorithm_of(self.algorithm)
 
     @model_validator(mode="before")
     @classmethod

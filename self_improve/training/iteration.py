@@ -29,7 +29,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from self_improve.config import PREFERENCE, Algorithm, Params, TrainConfig
+from self_improve.config import Params, TrainConfig
 from self_improve.cpu import PINS, cpu_flags
 from self_improve.distributed import is_fsdp
 from self_improve.engines.hf import chat_format
@@ -60,11 +60,12 @@ def nft_data(groups: pd.DataFrame, threshold: float) -> pd.DataFrame:
 
 
 def training_size(cfg: TrainConfig, pairs: pd.DataFrame, sft: pd.DataFrame, groups: pd.DataFrame) -> int:
-    if cfg.algorithm == Algorithm.raft:
+    family = cfg.method.family
+    if family == "sft":
         return len(sft)
-    if cfg.algorithm == Algorithm.grpo:
+    if family == "grpo":
         return len(groups)
-    if cfg.algorithm == Algorithm.nft:
+    if family == "nft":
         return len(nft_data(groups, cfg.nft.threshold))
     return len(pairs)
 
@@ -93,9 +94,8 @@ def _nft(ctx: RunContext, cfg: TrainConfig, model, pairs, sft, groups):
                                           list(data["label"]), list(data["rate"]))
 
 
-# the trainer of each train.algorithm and the table it trains on (pairs, sft or groups)
-TRAINERS = {Algorithm.raft: _raft, Algorithm.grpo: _grpo, Algorithm.nft: _nft,
-            **{a: _preference for a in PREFERENCE}}
+# the trainer of each family of the algorithm table and the table it trains on (sft, pairs or groups)
+TRAINERS = {"sft": _raft, "preference": _preference, "grpo": _grpo, "nft": _nft}
 
 
 def train(model, tokenizer, pairs: pd.DataFrame, sft: pd.DataFrame, groups: pd.DataFrame, cfg: TrainConfig,
@@ -122,7 +122,7 @@ def train(model, tokenizer, pairs: pd.DataFrame, sft: pd.DataFrame, groups: pd.D
     sched = Schedule(cfg.lr, steps, warmup_steps=max(0, min(10, n, steps - 1)))
     ctx = RunContext(tokenizer, sched, cfg.batch_size, seed, cfg.micro, cfg.max_grad_norm, accelerator,
                      checkpoints, chat, max_length, torch.bfloat16 if cfg.bf16 else None)
-    out = TRAINERS[cfg.algorithm](ctx, cfg, model, pairs, sft, groups)
+    out = TRAINERS[cfg.method.family](ctx, cfg, model, pairs, sft, groups)
     if n == 0:
         log.warning("no training data this iteration: the model is passed on unchanged")
     full_state = None

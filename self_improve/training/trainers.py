@@ -16,25 +16,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from self_improve.chat import ChatFormat
-from self_improve.config import Algorithm, DpoConfig, GrpoConfig, NftConfig
+from self_improve.config import DpoConfig, GrpoConfig, NftConfig, algorithm_of
 from self_improve.engines.hf import Row, collate, encode_rows, pad_id, token_batches, token_logprobs
 from self_improve.training.loop import Checkpoints, Schedule, TrainLog, autocast_to, fit
-from self_improve.training.losses import (
-    cream_loss,
-    dpo_loss,
-    grpo_loss,
-    ipo_loss,
-    nft_loss,
-    sft_loss,
-    spin_loss,
-    with_nll,
-)
+from self_improve.training.losses import grpo_loss, nft_loss, sft_loss, with_nll
 
 
 @dataclass(frozen=True)
@@ -145,46 +135,27 @@ class SFTTrainer:
         return self.ctx.fit(model, len(prompts), step, self.desc, data.tokens, self.stop_loss, data.length)
 
 
-@dataclass(frozen=True)
-class PreferenceLoss:
-    """One preference algorithm: its loss (called as fn(pi_c, pi_r, ref_c, ref_r, beta=, weight=,
-    [consistency=])), whether it takes token-mean log-probs (IPO, as TRL's loss_type="ipo") rather
-    than sums, whether the RPO NLL term on the chosen answer applies, and whether it takes CREAM's
-    per-pair consistency."""
-
-    fn: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
-    mean_logps: bool = False
-    nll: bool = True
-    consistency: bool = False
-
-
-PREFERENCE_LOSSES: dict[Algorithm, PreferenceLoss] = {
-    Algorithm.dpo: PreferenceLoss(dpo_loss),
-    Algorithm.ipo: PreferenceLoss(ipo_loss, mean_logps=True, nll=False),  # its squared loss has its own target
-    Algorithm.spin: PreferenceLoss(spin_loss),
-    Algorithm.cream: PreferenceLoss(cream_loss, consistency=True),
-}
-
-
 class PreferenceTrainer:
     """DPO, IPO, SPIN or CREAM on (prompt, chosen, rejected); the reference is the starting model.
 
-    The loss comes from `PREFERENCE_LOSSES`. The NLL term on the chosen answer (iterative RPO,
+    The loss and how it reads the log-probs come from the algorithm table (self_improve/config/algorithms.py:
+    `loss`, `mean_logps`, `nll`, `consistency`). The NLL term on the chosen answer (iterative RPO,
     `train.dpo.rpo_alpha`) applies to dpo, cream and spin (where the chosen answer is the seed
     data's reference; `rpo_alpha: 0` gives SPIN's original loss). `weights`: one per pair
     (pairs.weight), multiplying its preference and NLL terms; None: all 1.
     """
 
-    def __init__(self, ctx: RunContext, algorithm: Algorithm, cfg: DpoConfig):
-        if algorithm not in PREFERENCE_LOSSES:
-            raise ValueError(f"not a preference algorithm: {algorithm}")
+    def __init__(self, ctx: RunContext, algorithm: str, cfg: DpoConfig):
+        spec = algorithm_of(algorithm)
+        if spec.family != "preference":
+            raise ValueError(f"not a preference algorithm: {algorithm} ({spec.family})")
         self.ctx, self.algorithm, self.cfg = ctx, algorithm, cfg
-        self.loss = PREFERENCE_LOSSES[algorithm]
+        self.loss, self.fn = spec, spec.loss_function()
 
     def train(self, model: torch.nn.Module, prompts: list[str], chosen: list[str], rejected: list[str],
               consistency: list[float] | None = None, weights: list[float] | None = None) -> TrainLog:
         if not prompts:
-            return self.ctx.fit(model, 0, None, self.algorithm.value)
+            return self.ctx.fit(model, 0, None, self.algorithm)
         spec, beta, alpha = self.loss, self.cfg.beta, self.cfg.rpo_alpha
         enc_c, enc_r = self.ctx.encode(prompts, chosen), self.ctx.encode(prompts, rejected)
 
@@ -208,7 +179,7 @@ class PreferenceTrainer:
                 pc, pr = pc / mc.sum(-1).clamp(min=1), pr / mr.sum(-1).clamp(min=1)
             w = pair_w[idx].to(device) if pair_w is not None else None
             extra = {"consistency": cons[idx].to(device)} if spec.consistency else {}
-            loss, stats = spec.fn(pc, pr, ref_c[idx].to(device), ref_r[idx].to(device), beta=beta, weight=w, **extra)
+            loss, stats = self.fn(pc, pr, ref_c[idx].to(device), ref_r[idx].to(device), beta=beta, weight=w, **extra)
             if spec.nll:
                 loss = with_nll(loss, -lc.sum(-1) / mc.sum(-1).clamp(min=1), alpha, w)
             return loss, {
@@ -216,7 +187,7 @@ class PreferenceTrainer:
                 "reward_accuracy": stats["reward_accuracy"].mean().item(),
             }
 
-        return self.ctx.fit(model, len(prompts), step, self.algorithm.value,
+        return self.ctx.fit(model, len(prompts), step, self.algorithm,
                             length_fn=lambda i: max(enc_c.length(i), enc_r.length(i)))
 
 
