@@ -17,8 +17,8 @@ import logging
 
 from self_improve import artifacts as art
 from self_improve.cli import run_stage, stage_provenance
-from self_improve.config import Params, SampleBackend
-from self_improve.engines.ct2 import ENGINE_FILE
+from self_improve.config import Params
+from self_improve.engines.engine import prepare
 
 log = logging.getLogger(__name__)
 
@@ -38,37 +38,10 @@ def main(argv: list[str] | None = None) -> None:
     def body(args: argparse.Namespace, params: Params) -> None:
         if args.iteration != "it0":
             params.iteration_index(args.iteration)
-        backend = params.sample.backend
-        if backend == SampleBackend.auto:  # only then torch and the engines' modules are imported
-            from self_improve.engines.sampler import resolve_backend
-
-            backend = resolve_backend(backend)
         prov = stage_provenance("engine", args.iteration, params, PARAMS, [args.out])
         prov["params"]["sample"] = {"backend": params.sample.backend.value}  # the one sample key it reads
         with art.atomic_path(args.out, is_dir=True) as tmp:
-            record = {"engine": backend.value}
-            if backend == SampleBackend.ct2:
-                from self_improve.engines.ct2 import convert
-                from self_improve.errors import ConfigError
-                from self_improve.models.loading import set_threads
-
-                set_threads()
-                try:
-                    record = convert(args.model, args.base, tmp, params.security, params.model)
-                except ConfigError as err:
-                    if params.sample.backend != SampleBackend.auto:
-                        raise
-                    log.warning("%s; sampling with hf", err)
-                    record = {"engine": "hf", "fallback": str(err)}
-            if backend == SampleBackend.vllm:  # vLLM loads a plain HF dir: the adapters merged once here
-                from self_improve.engines.ct2 import MERGED_DIR
-                from self_improve.models.loading import export_merged, set_threads
-
-                set_threads()
-                export_merged(args.model, args.base, tmp / MERGED_DIR, params.security, params.model,
-                              {"exported_from": args.model, "base": args.base})
-                record = {"engine": "vllm", "model": MERGED_DIR}
-            (tmp / ENGINE_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            record = prepare(params.sample.backend, args.model, args.base, tmp, params.security, params.model)
             (tmp / "provenance.json").write_text(json.dumps(prov, indent=2, sort_keys=True) + "\n")
         log.info("%s: %s", args.out, record)
 

@@ -11,7 +11,8 @@ import yaml
 
 from self_improve import artifacts as art
 from self_improve.config import Ct2Config, SampleConfig
-from self_improve.engines.ct2 import CT2Sampler, common_prefix, convert, ct2_unavailable, read_engine
+from self_improve.engines.ct2 import CT2Sampler, common_prefix, convert, ct2_unavailable
+from self_improve.engines.engine import read_engine
 from self_improve.engines.hf import SamplingSpec, generate
 from self_improve.engines.sampler import open_sampler
 from self_improve.errors import ConfigError

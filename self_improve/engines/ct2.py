@@ -20,7 +20,6 @@ draws than one lane's, as reproducible). Float32 greedy outputs equal hf's token
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import math
 import os
@@ -35,9 +34,7 @@ from self_improve.errors import ConfigError, PipelineError
 
 log = logging.getLogger(__name__)
 
-ENGINE_FILE = "engine.json"
 CT2_DIR = "ct2"  # the converted model inside an engine dir
-MERGED_DIR = "hf"  # vLLM: the merged model (safetensors) inside an engine dir
 LANE_SEED_STEP = 1_000_003  # lane w of a sampling call seeds its generator with seed + w * this
 
 
@@ -103,17 +100,6 @@ def convert(model_dir: str | Path, base: str | Path | None, out: Path, security:
         except OSError:
             pass  # no generation config: stop ids come from the tokenizer and the template
     return {"engine": "ct2", "architecture": arch, "ctranslate2": ctranslate2.__version__}
-
-
-def read_engine(engine_dir: str | Path) -> dict:
-    path = Path(engine_dir) / ENGINE_FILE
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise PipelineError(f"{path}: unreadable engine record ({err}); rerun its engine stage") from None
-    if not isinstance(record, dict) or "engine" not in record:
-        raise PipelineError(f"{path}: not an engine record (needs `engine`)")
-    return record
 
 
 def _threads(cfg: Ct2Config) -> tuple[int, int]:

@@ -22,7 +22,8 @@ import torch
 
 from self_improve.chat import ChatFormat
 from self_improve.config import ModelConfig, SampleBackend, SampleConfig, SecurityConfig, VllmConfig
-from self_improve.engines.ct2 import ct2_unavailable, open_ct2, read_engine
+from self_improve.engines.ct2 import ct2_unavailable, open_ct2
+from self_improve.engines.engine import read_engine
 from self_improve.engines.hf import Generations, SamplingSpec, chat_format, generate
 from self_improve.errors import ConfigError, PipelineError
 from self_improve.models.loading import BASE_FILE, CHAIN_FILE, check_model_dir, load_model
@@ -251,15 +252,18 @@ def open_sampler(model_dir: str | Path, cfg: SampleConfig, security: SecurityCon
                  engine: str | Path | None = None) -> Sampler:
     """The configured engine, loaded with the model in `model_dir` (on `base` if it is a chain).
 
-    `engine`: the model's engine dir (the `engine` stage's output). CTranslate2 runs its conversion;
-    where `auto` found the model unconvertible it says hf. Without one, ct2 converts now."""
-    backend = resolve_backend(cfg.backend)
-    record = read_engine(engine) if engine is not None and backend != SampleBackend.hf else {}
-    if backend == SampleBackend.ct2 and record and record["engine"] != "ct2":
-        if cfg.backend != SampleBackend.auto:
-            raise PipelineError(f"{engine}: made for {record['engine']}, not ct2; rerun its engine stage")
-        log.info("sampling backend: hf (%s)", record.get("fallback", "the engine dir holds no ct2 model"))
-        backend = SampleBackend.hf
+    `engine`: the model's engine dir (the `engine` stage's output, self_improve/engines/engine.py), whose
+    record names the engine `auto` resolved to (hf where the model was unconvertible); CTranslate2 runs
+    its conversion. Without one, `auto` is resolved here and ct2 converts now."""
+    record = read_engine(engine) if engine is not None and cfg.backend != SampleBackend.hf else {}
+    if record:  # `auto` was resolved once, by the engine stage: its record says which engine (hf needs none)
+        backend = SampleBackend(record["engine"])
+        if cfg.backend not in (SampleBackend.auto, backend):
+            raise PipelineError(f"{engine}: made for {backend.value}, not {cfg.backend.value}; rerun its engine stage")
+        if record.get("fallback"):
+            log.info("sampling backend: hf (%s)", record["fallback"])
+    else:
+        backend = resolve_backend(cfg.backend)
     log.info("sampling backend: %s", backend.value)
     if backend == SampleBackend.vllm:
         merged = Path(engine) / record["model"] if record.get("model") else None

@@ -1,0 +1,68 @@
+"""An iteration's model made ready for the inference engine, once: what the `engine` stage does.
+
+`prepare` resolves `sample.backend` once (`auto`: vLLM where it can run, else CTranslate2 where it
+is installed, else hf) and writes the engine dir every later stage that samples or evaluates the
+model reads: for ct2 the model, merged with its adapters, converted into CTranslate2's format
+(`auto` falls back to hf, with the reason recorded, for an architecture the converter does not
+know; `ct2` names it as an error); for vLLM the model merged with its adapters into `hf/` (what
+vLLM and `vllm serve` load); for hf nothing but the record. The record (`engine.json`) names the
+engine the samplers then open (self_improve/engines/sampler.py's `open_sampler`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from self_improve.config import ModelConfig, SampleBackend, SecurityConfig
+from self_improve.errors import ConfigError, PipelineError
+
+log = logging.getLogger(__name__)
+
+ENGINE_FILE = "engine.json"  # the record inside an engine dir
+MERGED_DIR = "hf"  # vLLM: the merged model (safetensors) inside an engine dir
+
+
+def read_engine(engine_dir: str | Path) -> dict:
+    path = Path(engine_dir) / ENGINE_FILE
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise PipelineError(f"{path}: unreadable engine record ({err}); rerun its engine stage") from None
+    if not isinstance(record, dict) or "engine" not in record:
+        raise PipelineError(f"{path}: not an engine record (needs `engine`)")
+    return record
+
+
+def prepare(requested: SampleBackend, model_dir: str | Path, base: str | Path | None, out: Path,
+            security: SecurityConfig = SecurityConfig(), model_cfg: ModelConfig = ModelConfig()) -> dict:
+    """Fill the (new, empty) engine dir `out` for `model_dir` (an adapter chain on `base`) and write its
+    record; returns the record. torch and the engines load only for the backend that needs them."""
+    backend = requested
+    if backend == SampleBackend.auto:
+        from self_improve.engines.sampler import resolve_backend
+
+        backend = resolve_backend(backend)
+    record: dict = {"engine": backend.value}
+    if backend == SampleBackend.ct2:
+        from self_improve.engines.ct2 import convert
+        from self_improve.models.loading import set_threads
+
+        set_threads()
+        try:
+            record = convert(model_dir, base, out, security, model_cfg)
+        except ConfigError as err:
+            if requested != SampleBackend.auto:
+                raise
+            log.warning("%s; sampling with hf", err)
+            record = {"engine": "hf", "fallback": str(err)}
+    elif backend == SampleBackend.vllm:  # vLLM loads a plain HF dir: the adapters merged once here
+        from self_improve.models.loading import export_merged, set_threads
+
+        set_threads()
+        export_merged(model_dir, base, out / MERGED_DIR, security, model_cfg,
+                      {"exported_from": str(model_dir), "base": str(base) if base else None})
+        record = {"engine": "vllm", "model": MERGED_DIR}
+    (out / ENGINE_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return record
