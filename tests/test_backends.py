@@ -30,7 +30,7 @@ def test_auto_takes_vllm_then_ct2_then_hf(model_dir, monkeypatch):
         want = SampleBackend.hf if ct2_unavailable() else SampleBackend.ct2
         assert resolve_backend(SampleBackend.auto) == want
         assert open_sampler(model_dir, SampleConfig()).backend == want.value
-        monkeypatch.setattr("self_improve.engines.sampler.ct2_unavailable", lambda: "not installed")
+        monkeypatch.setattr("self_improve.engines.ct2.ct2_unavailable", lambda: "not installed")  # what auto reads
         assert resolve_backend(SampleBackend.auto) == SampleBackend.hf
         assert open_sampler(model_dir, SampleConfig()).backend == "hf"
     else:

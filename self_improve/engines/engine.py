@@ -11,6 +11,7 @@ engine the samplers then open (self_improve/engines/sampler.py's `open_sampler`)
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 from pathlib import Path
@@ -35,15 +36,33 @@ def read_engine(engine_dir: str | Path) -> dict:
     return record
 
 
+def vllm_unavailable() -> str | None:
+    """Why vLLM cannot run here, or None when it can."""
+    if importlib.util.find_spec("vllm") is None:
+        return "vllm is not installed (pip install -e '.[gpu]' on a GPU machine)"
+    import torch  # only where vllm is installed
+
+    if not torch.cuda.is_available():
+        return "no CUDA GPU is visible"
+    return None
+
+
+def resolve_backend(requested: SampleBackend) -> SampleBackend:
+    """`auto`: vLLM where it can run (a GPU), else CTranslate2 where it is installed, else hf."""
+    if requested == SampleBackend.auto:
+        from self_improve.engines.ct2 import ct2_unavailable
+
+        if not vllm_unavailable():
+            return SampleBackend.vllm
+        return SampleBackend.hf if ct2_unavailable() else SampleBackend.ct2
+    return requested
+
+
 def prepare(requested: SampleBackend, model_dir: str | Path, base: str | Path | None, out: Path,
             security: SecurityConfig = SecurityConfig(), model_cfg: ModelConfig = ModelConfig()) -> dict:
     """Fill the (new, empty) engine dir `out` for `model_dir` (an adapter chain on `base`) and write its
     record; returns the record. torch and the engines load only for the backend that needs them."""
-    backend = requested
-    if backend == SampleBackend.auto:
-        from self_improve.engines.sampler import resolve_backend
-
-        backend = resolve_backend(backend)
+    backend = resolve_backend(requested)
     record: dict = {"engine": backend.value}
     if backend == SampleBackend.ct2:
         from self_improve.engines.ct2 import convert

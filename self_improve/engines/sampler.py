@@ -11,7 +11,6 @@ prompt token ids from the model's chat format and stops on the same ids, and eac
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import tempfile
@@ -23,7 +22,7 @@ import torch
 from self_improve.chat import ChatFormat
 from self_improve.config import ModelConfig, SampleBackend, SampleConfig, SecurityConfig, VllmConfig
 from self_improve.engines.ct2 import ct2_unavailable, open_ct2
-from self_improve.engines.engine import read_engine
+from self_improve.engines.engine import read_engine, resolve_backend, vllm_unavailable  # noqa: F401 (re-exported)
 from self_improve.engines.hf import Generations, SamplingSpec, chat_format, generate
 from self_improve.errors import ConfigError, PipelineError
 from self_improve.models.loading import BASE_FILE, CHAIN_FILE, check_model_dir, load_model
@@ -227,24 +226,6 @@ def _engine_main(conn, gpus: str, llm_kwargs: dict) -> None:
             conn.send(("ok", _vllm_generate(llm, ids, params, progress)))
     except Exception as err:  # noqa: BLE001 - the parent raises it, naming the engine
         conn.send(("error", f"{type(err).__name__}: {err}"))
-
-
-def vllm_unavailable() -> str | None:
-    """Why vLLM cannot run here, or None when it can."""
-    if importlib.util.find_spec("vllm") is None:
-        return "vllm is not installed (pip install -e '.[gpu]' on a GPU machine)"
-    if not torch.cuda.is_available():
-        return "no CUDA GPU is visible"
-    return None
-
-
-def resolve_backend(requested: SampleBackend) -> SampleBackend:
-    """`auto`: vLLM where it can run (a GPU), else CTranslate2 where it is installed, else hf."""
-    if requested == SampleBackend.auto:
-        if not vllm_unavailable():
-            return SampleBackend.vllm
-        return SampleBackend.hf if ct2_unavailable() else SampleBackend.ct2
-    return requested
 
 
 def open_sampler(model_dir: str | Path, cfg: SampleConfig, security: SecurityConfig = SecurityConfig(),
