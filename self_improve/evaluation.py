@@ -33,7 +33,7 @@ from self_improve.floors import metric_name
 from self_improve.judges import (
     JudgeContext,
     ModelHandle,
-    context,
+    frozen_context,
     judge_quality,
     vote_label,
 )
@@ -202,7 +202,7 @@ def frozen_yes(answers: pd.DataFrame, ttt: pd.DataFrame, params: Params, base: s
     prompts = ttt.set_index("prompt_id")["prompt"]
     frame = pd.DataFrame({"prompt": list(prompts.loc[answers.loc[rows, "prompt_id"]]),
                           "response": list(answers.loc[rows, "response"])})
-    ctx = context(params, {"frozen": ModelHandle(*load_model(base, security=params.security, model_cfg=params.model))})
+    ctx = frozen_context(params, ModelHandle(*load_model(base, security=params.security, model_cfg=params.model)))
     answers = answers.copy()
     answers["frozen_yes"] = pd.array([None] * len(answers), dtype="Float64")
     answers.loc[rows, "frozen_yes"] = pd.array(base_yes(frame, ctx), dtype="Float64")

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from self_improve import artifacts as art
-from self_improve.config import JUDGES, ConfigError, parse_params, unregister, unregister_algorithm
+from self_improve.config import ALGORITHMS, JUDGES, ConfigError, parse_params
 
 from .conftest import ROOT, deep_merge, run_all
 
@@ -26,16 +26,34 @@ def _blocks(section: str, lang: str) -> list[str]:
 
 
 @pytest.fixture
-def brevity_plugin(tmp_path, monkeypatch):
-    """The page's plugin module, importable as `brevity_example`; its judge unregistered afterwards."""
-    (code,) = _blocks("A judge", "python")
-    folder = tmp_path / "ext"
-    folder.mkdir()
-    (folder / "brevity_example.py").write_text(code)
-    monkeypatch.syspath_prepend(str(folder))
-    yield "brevity_example"
-    unregister("brevity")
-    sys.modules.pop("brevity_example", None)
+def plugin(tmp_path, monkeypatch):
+    """load(section, module, table, name): the page's python block of `section` written as `module` and
+    importable; afterwards `name` leaves `table` and the module leaves sys.modules."""
+    added = []
+
+    def load(section: str, module: str, table, name: str) -> str:
+        (code,) = _blocks(section, "python")
+        folder = tmp_path / module
+        folder.mkdir()
+        (folder / f"{module}.py").write_text(code)
+        monkeypatch.syspath_prepend(str(folder))
+        added.append((module, table, name))
+        return module
+
+    yield load
+    for module, table, name in added:
+        table.unregister(name)
+        sys.modules.pop(module, None)
+
+
+@pytest.fixture
+def brevity_plugin(plugin):
+    return plugin("A judge", "brevity_example", JUDGES, "brevity")
+
+
+@pytest.fixture
+def hinge_plugin(plugin):
+    return plugin("A training algorithm", "hinge_example", ALGORITHMS, "hinge")
 
 
 def test_a_judge_added_by_a_plugin_is_a_judge_method(brevity_plugin, tiny_raw):
@@ -69,19 +87,6 @@ def test_the_plugin_judge_runs_the_whole_loop(brevity_plugin, tmp_path, tiny_raw
     for it in ("it1", "it2", "it3"):
         metrics = json.loads((tmp_path / "reports" / "iterations" / it / "metrics.json").read_text())
         assert metrics["accuracy"] is not None and metrics["num_pairs"] > 0, it
-
-
-@pytest.fixture
-def hinge_plugin(tmp_path, monkeypatch):
-    """The page's algorithm module, importable as `hinge_example`; unregistered afterwards."""
-    (code,) = _blocks("A training algorithm", "python")
-    folder = tmp_path / "ext_algo"
-    folder.mkdir()
-    (folder / "hinge_example.py").write_text(code)
-    monkeypatch.syspath_prepend(str(folder))
-    yield "hinge_example"
-    unregister_algorithm("hinge")
-    sys.modules.pop("hinge_example", None)
 
 
 def test_an_algorithm_added_by_a_plugin_trains_with_its_loss(hinge_plugin, tiny_raw):

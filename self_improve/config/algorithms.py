@@ -17,9 +17,10 @@ module and one `register` call (docs/extending.md).
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
+
+from self_improve.config.tables import Table, resolve
 
 FAMILIES = ("sft", "preference", "grpo", "nft")
 
@@ -42,14 +43,11 @@ class Algorithm:
             raise ValueError("a preference algorithm has a loss, and only it")
 
     def loss_function(self) -> Callable[..., Any]:
-        if callable(self.loss):
-            return self.loss
-        module, _, name = str(self.loss).partition(":")
-        return getattr(importlib.import_module(module), name)
+        return resolve(self.loss)
 
 
 LOSSES = "self_improve.training.losses"
-ALGORITHMS: dict[str, Algorithm] = {
+ALGORITHMS: Table[Algorithm] = Table("algorithm", {
     "raft": Algorithm("sft", "fine-tune on the best-judged samples (RAFT / ReST / STaR)"),
     "dpo": Algorithm("preference", "sigmoid DPO, optional NLL on the chosen answer (iterative RPO)",
                      loss=f"{LOSSES}:dpo_loss"),
@@ -62,25 +60,9 @@ ALGORITHMS: dict[str, Algorithm] = {
     "grpo": Algorithm("grpo", "group-relative advantages with a clipped ratio"),
     "nft": Algorithm("nft", "negative-aware fine-tuning: right samples' likelihood up, wrong ones' via the "
                             "implicit negative policy"),
-}
+})
 
 
-def register_algorithm(name: str, algorithm: Algorithm, *, replace: bool = False) -> None:
-    """Add a training algorithm under `name` (a new `train.algorithm`); an existing name only with `replace`."""
-    if not name.isidentifier():
-        raise ValueError(f"algorithm name {name!r}: letters, digits and _ only")
-    if name in ALGORITHMS and not replace:
-        raise ValueError(f"algorithm {name!r} exists already (replace=True to override it)")
-    ALGORITHMS[name] = algorithm
-
-
-def unregister_algorithm(name: str) -> None:
-    ALGORITHMS.pop(name, None)
-
-
-def algorithm_of(name: str) -> Algorithm:
-    """The table's entry for `train.algorithm` `name`; an unknown name is refused with the known ones."""
-    try:
-        return ALGORITHMS[name]
-    except KeyError:
-        raise ValueError(f"unknown algorithm {name!r} (algorithms: {', '.join(ALGORITHMS)})") from None
+register_algorithm = ALGORITHMS.register  # a new train.algorithm: register_algorithm("name", Algorithm(...))
+unregister_algorithm = ALGORITHMS.unregister
+algorithm_of = ALGORITHMS.of  # the entry of a train.algorithm; an unknown one refused with the table's names

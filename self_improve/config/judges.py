@@ -19,9 +19,10 @@ Adding a judge is one module holding its function and one `register` call (docs/
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Union
+
+from self_improve.config.tables import Table, resolve
 
 
 @dataclass(frozen=True)
@@ -42,13 +43,10 @@ class Judge:
         return self.needs_policy or self.needs_reference
 
     def function(self) -> Callable[..., Any]:
-        if callable(self.fn):
-            return self.fn
-        module, _, name = self.fn.partition(":")
-        return getattr(importlib.import_module(module), name)
+        return resolve(self.fn)
 
 
-JUDGES: dict[str, Judge] = {
+JUDGES: Table[Judge] = Table("judge", {
     "majority_vote": Judge("self_improve.judges.votes:majority_vote", votes=True,
                            about="TTRL: per prompt, the plurality answer of its k samples is the label"),
     "co_reward": Judge("self_improve.judges.votes:co_reward", votes=True, needs_rewrites=True,
@@ -70,25 +68,9 @@ JUDGES: dict[str, Judge] = {
                     about="control arm: 1 for an uncut, short response ending in an extractable answer"),
     "validity_only": Judge("self_improve.judges.controls:validity_reward",
                            about="control arm: the validity check's verdict alone (1 valid, 0 not), no vote"),
-}
+})
 
 
-def register(name: str, judge: Judge, *, replace: bool = False) -> None:
-    """Add a judge under `name` (a new `judge.method`); an existing name only with `replace`."""
-    if not name.isidentifier():
-        raise ValueError(f"judge name {name!r}: letters, digits and _ only")
-    if name in JUDGES and not replace:
-        raise ValueError(f"judge {name!r} exists already (replace=True to override it)")
-    JUDGES[name] = judge
-
-
-def unregister(name: str) -> None:
-    JUDGES.pop(name, None)
-
-
-def judge_of(name: str) -> Judge:
-    """The table's entry for `judge.method` `name`; an unknown name is refused with the known ones."""
-    try:
-        return JUDGES[name]
-    except KeyError:
-        raise ValueError(f"unknown judge {name!r} (judges: {', '.join(JUDGES)})") from None
+register = JUDGES.register  # a new judge.method: register("name", Judge(...))
+unregister = JUDGES.unregister
+judge_of = JUDGES.of  # the entry of a judge.method; an unknown one refused with the table's names

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import enum
-from typing import Optional
+from typing import Annotated, Optional
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from self_improve.config.base import _Section
 from self_improve.config.judges import JUDGES, judge_of
+from self_improve.config.tables import named_in
 
 
 class CrossView(str, enum.Enum):
@@ -38,7 +39,7 @@ class JudgeMode(str, enum.Enum):
 
 
 class JudgeConfig(_Section):
-    method: str = Field(
+    method: Annotated[str, AfterValidator(named_in(JUDGES))] = Field(
         "co_reward", description="the judge: an entry of the judge table (self_improve/config/judges.py), "
         "built in or added with `register` (docs/extending.md)",
     )
@@ -107,12 +108,6 @@ class JudgeConfig(_Section):
     max_prompts: Optional[int] = Field(
         32, ge=1, description="llm_judge mode generate: prompts judged per iteration (seeded choice; None: all)"
     )
-
-    @field_validator("method")
-    @classmethod
-    def _known(cls, name: str) -> str:
-        judge_of(name)  # refused with the table's names
-        return name
 
     @property
     def judge(self):

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import enum
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
-from self_improve.config.algorithms import algorithm_of
+from self_improve.config.algorithms import ALGORITHMS, algorithm_of
 from self_improve.config.base import _Section
+from self_improve.config.tables import named_in
 
 
 class LoraConfig(_Section):
@@ -57,7 +58,7 @@ _MOVED = {"beta": "train.dpo.beta", "nll_weight": "train.dpo.rpo_alpha",
 
 
 class TrainConfig(_Section):
-    algorithm: str = Field(
+    algorithm: Annotated[str, AfterValidator(named_in(ALGORITHMS))] = Field(
         "raft", description="the training algorithm: an entry of the algorithm table "
         "(self_improve/config/algorithms.py), built in or added with `register_algorithm` (docs/extending.md)",
     )
@@ -80,12 +81,6 @@ class TrainConfig(_Section):
     nft: NftConfig = NftConfig()
     max_grad_norm: float = Field(1.0, gt=0)
     checkpoint_every: int = Field(50, ge=0, description="steps between resumable checkpoints (0: none)")
-
-    @field_validator("algorithm")
-    @classmethod
-    def _known(cls, name: str) -> str:
-        algorithm_of(name)  # refused with the table's names
-        return name
 
     @property
     def method(self):

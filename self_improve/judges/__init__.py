@@ -10,8 +10,8 @@
 """
 
 from self_improve.judges.base import JudgeContext, ModelHandle, Verdicts, template_path
-from self_improve.judges.registry import context, judge_quality, judge_samples, needs
+from self_improve.judges.registry import context, frozen_context, judge_quality, judge_samples, needs
 from self_improve.judges.votes import vote_label
 
-__all__ = ["JudgeContext", "context", "needs", "ModelHandle", "Verdicts", "judge_quality", "judge_samples",
+__all__ = ["JudgeContext", "context", "frozen_context", "needs", "ModelHandle", "Verdicts", "judge_quality", "judge_samples",
            "template_path", "vote_label"]

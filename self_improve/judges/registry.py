@@ -81,19 +81,30 @@ def _template(params, key: str | None = None) -> str:
         raise ConfigError(f"judge.{key}: {err}") from None
 
 
+def _limits(params) -> dict:
+    """The scoring limits of params a JudgeContext carries."""
+    return {"batch_size": params.sample.batch_size, "max_tokens": params.sample.score_tokens,
+            "max_length": params.model.max_length}
+
+
+def frozen_context(params, frozen: ModelHandle) -> JudgeContext:
+    """The context of the frozen judge alone (judge.frozen: the base's P(Yes) for an answer), as the
+    evaluate stage scores test-time answers with it: judge.correct_template and the scoring limits."""
+    return JudgeContext(frozen=frozen, frozen_template=_template(params, "correct_template"), **_limits(params))
+
+
 def context(params, models: dict[str, ModelHandle], *, task=None, seed: int = 0,
             cfg: JudgeConfig | None = None) -> JudgeContext:
-    """The JudgeContext that judging with `cfg` (default params.judge) reads, built one way for the judge
-    stage, the evaluate stage's frozen judge and the diagnosis: the templates the judge table says it
-    renders (a bad file refused by key), the scoring limits of params, the task's check, question and
-    inverse problems, and the `models` given by role (policy, reference, frozen; `needs` says which)."""
+    """The JudgeContext that judging with `cfg` (default params.judge) reads: the templates the judge
+    table says it renders (a bad file refused by key), the scoring limits of params, the task's check,
+    question and inverse problems, and the `models` given by role (policy, reference, frozen; `needs`
+    says which). The judge stage and the diagnosis build it this one way."""
     cfg = cfg or params.judge
+    frozen = cfg.frozen != FrozenJudge.none
     ctx = JudgeContext(template=_template(params) if cfg.judge.needs_template else None,
-                       frozen_template=(_template(params, "correct_template") if "frozen" in models
-                                        or cfg.frozen != FrozenJudge.none else None),
-                       seed=seed, batch_size=params.sample.batch_size, max_tokens=params.sample.score_tokens,
-                       max_length=params.model.max_length, policy=models.get("policy"),
-                       reference=models.get("reference"), frozen=models.get("frozen"))
+                       frozen_template=_template(params, "correct_template") if frozen else None,
+                       seed=seed, policy=models.get("policy"), reference=models.get("reference"),
+                       frozen=models.get("frozen"), **_limits(params))
     if task is not None:
         ctx.verify = task.verify
         ctx.question = getattr(task, "question", lambda prompt: prompt)
