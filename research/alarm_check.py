@@ -1,6 +1,6 @@
 """The reward-hacking alarm on every kept run: does it fire where held-out accuracy was lost?
 
-    python -m research.alarm_check --out reports/alarm_check.md
+    python -m research.alarm_check --out research/results/alarm_check.md
 
 Reads every kept result (reports/<dir>/<variant>/s<seed>.json and reports/<dir>/<name>-s<seed>.json),
 runs `quality.reward_hacking_alarm` on its per-iteration metrics, and sets that beside the truth:
@@ -67,7 +67,7 @@ def runs() -> list[tuple[str, dict]]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="reports/alarm_check.md")
+    ap.add_argument("--out", default="research/results/alarm_check.md")
     args = ap.parse_args(argv)
     lines = ["| run | held-out it0 -> last | lost beyond 2 s.e. at | alarm | first alarm |", "|---|---|---|---|---|"]
     missed, false_oracle, n_lost, n_oracle = [], [], 0, 0

@@ -1,6 +1,6 @@
 """The base model of many seeds, made and evaluated without any loop: what its label-free signals say.
 
-    python -m research.base_screen --seeds 14-33 --workdir /tmp/screen --jobs 2 --out reports/base_screen.md
+    python -m research.base_screen --seeds 14-33 --workdir /tmp/screen --jobs 2 --out research/results/base_screen.md
 
 For each seed, a workspace `workdir`/s<seed> (flows/plain.py) with params.yaml plus `seed` and
 the `-S` overrides, where only the stages that make and evaluate it0 run (flows.dag.BASE_STAGES:

@@ -1,6 +1,6 @@
 """The label-free choice's base support for loops kept before evaluate recorded it.
 
-    python -m research.base_support WORKDIR... --out reports/base_support_smollm2.md
+    python -m research.base_support WORKDIR... --out research/results/base_support_smollm2.md
 
 A WORKDIR is a loop's directory after its run (data/task/ttt.parquet, data/it0/model and every
 iteration's data/itN/eval.parquet). For each, the base model's samples of every test-time problem

@@ -1,6 +1,6 @@
 """The label-free choice of an iteration on every kept run: how close to the best held-out one?
 
-    python -m research.choice_check --out reports/choice_check.md
+    python -m research.choice_check --out research/results/choice_check.md
 
 Reads every kept result (reports/<dir>/<variant>/s<seed>.json and reports/<dir>/<name>-s<seed>.json),
 runs `choice.recommend` on its per-iteration metrics (label-free signals only), and sets that beside
@@ -97,8 +97,8 @@ def replayed(path, kept: dict[str, list[dict]]) -> list[tuple[str, list[dict]]]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="reports/choice_check.md")
-    ap.add_argument("--replayed", default="reports/base_support_smollm2.json",
+    ap.add_argument("--out", default="research/results/choice_check.md")
+    ap.add_argument("--replayed", default="research/results/base_support_smollm2.json",
                     help="research.base_support's JSON: real-model loops replayed with the base support")
     args = ap.parse_args(argv)
     lines = ["| run | signals (supported: with the base support) | recommended | held-out there | best held-out | within 1 s.e. | below it0 beyond noise | it0 agreement the base never samples | signals there against it0 |",

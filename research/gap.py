@@ -1,8 +1,8 @@
 """Every judge and label-free rule diagnosed on the base model's own samples, before any loop.
 
-    make gap-smollm2       # the recipe's sizes, temperatures 0.3 / 0.7 / 1.0 -> reports/gap_smollm2.*
-    make lengths-smollm2   # step 1 only, at 48..256 new tokens -> reports/lengths_smollm2.*
-    python -m research.gap --recipe smollm2-gym --greedy-only --out reports/gym_mix_smollm2.json
+    make gap-smollm2       # the recipe's sizes, temperatures 0.3 / 0.7 / 1.0 -> research/results/gap_smollm2.*
+    make lengths-smollm2   # step 1 only, at 48..256 new tokens -> research/results/lengths_smollm2.*
+    python -m research.gap --recipe smollm2-gym --greedy-only --out research/results/gym_mix_smollm2.json
     python -m research.gap -S model.base=models/smollm2-135m-instruct -S task.name=word_math \\
         --judges verifier majority_vote scpo+validity --temperatures 0.3 1.0 --out reports/gap.json
 

@@ -1,7 +1,7 @@
 """Two kept runs set against each other problem by problem: the accuracy of each at every
 iteration both evaluated, and the difference with a paired bootstrap 95% interval.
 
-    python -m research.paired_runs reports/smollm2_v2/<run A> reports/smollm2_v2/<run B>
+    python -m research.paired_runs research/results/smollm2_v2/<run A> research/results/smollm2_v2/<run B>
     python -m research.paired_runs A B --set ttt --iteration it3 --out reports/some_comparison.md
 
 A and B are report directories of kept runs (`flows.experiments.keep_report` writes answers.parquet

@@ -1,9 +1,9 @@
 """Real-model loops, one DVC experiment each, with every finished result kept in git-trackable form.
 
-    python -m research.real_loops --recipe smollm2-gym --judges scpo random --seeds 0 1 2 --out reports/smollm2_gym_arms
+    python -m research.real_loops --recipe smollm2-gym --judges scpo random --seeds 0 1 2 --out research/results/smollm2_gym_arms
     python -m research.real_loops --recipe smollm2-v3 --judges verifier co_reward --seeds 0 1 2 --out reports/smollm2_v3
     python -m research.real_loops --table --out reports/smollm2_v3   # only rebuild the tables from what has finished
-    python -m research.real_loops --plain /tmp/loops --jobs 6 --out reports/smollm2_v2_gpu \\
+    python -m research.real_loops --plain /tmp/loops --jobs 6 --out research/results/smollm2_v2_gpu \\
         -S sample.backend=hf --judges verifier --seeds 0 1 2   # without DVC, six loops at once (a GPU host)
 
 Each (judge, seed) runs `dvc exp run -n smol-<judge>-s<seed>` with a setup of configs/recipes/

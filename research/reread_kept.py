@@ -5,7 +5,7 @@
 Recipe V2's held-out sets were drawn by the word_math code of commit 37fe24b (before the sets were
 stratified by operation); they are drawn again here from that commit (a temporary git worktree)
 for seeds 0-2, checked against the gold answers the kept runs recorded problem by problem, and
-joined with those answers (the NFT runs of reports/smollm2_v2/ kept them; the DPO runs did not) for
+joined with those answers (the NFT runs of research/results/smollm2_v2/ kept them; the DPO runs did not) for
 accuracy per operation at it0 and it3. The floor of each seed's held-out set, and of the gym
 recipe's (whose held-out sets today's code draws unchanged), comes from self_improve/floors.py; the
 kept runs' overall held-out accuracy is set beside it.
@@ -96,7 +96,7 @@ def main() -> None:
     lines += ["", "## Recipe V2, NFT runs kept problem by problem: held-out accuracy per operation", "",
               "`= a + b`: the share of answers equal to the sum of the question's numbers.", "",
               "| run | seed | it | add | sub | mul | all | = a + b |", "|---|---|---|---|---|---|---|---|"]
-    for f in sorted((ROOT / "reports/smollm2_v2").glob("nft1-*/answers.parquet")):
+    for f in sorted((ROOT / "research/results/smollm2_v2").glob("nft1-*/answers.parquet")):
         seed = int(f.parent.name.rsplit("-s", 1)[1])
         kept = art.read_table(f, art.KEPT_EVAL_COMMON)
         for it in ("it0", "it3"):

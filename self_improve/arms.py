@@ -1,7 +1,7 @@
 """Kept loops read per category and against their control arms: the tables that say whether a gain
 is more than a shortcut.
 
-    python -m self_improve.arms reports/smollm2_gym_arms     # writes categories.md and controls.md there
+    python -m self_improve.arms research/results/smollm2_gym_arms     # writes categories.md and controls.md there
 
 `categories.md`: per arm (a judge or rule) and held-out category, it0 and the last iteration's
 accuracy (mean +- sd over seeds), the shortcut floor (the best policy that reads only the question,
@@ -152,7 +152,7 @@ def write(out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("out", type=Path, help="a directory of kept results (reports/smollm2_gym_arms, ...)")
+    ap.add_argument("out", type=Path, help="a directory of kept results (research/results/smollm2_gym_arms, ...)")
     args = ap.parse_args(argv)
     write(args.out)
     for name in ("categories.md", "controls.md"):

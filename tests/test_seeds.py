@@ -24,7 +24,7 @@ def _override(raw: dict, item: str) -> dict:
 def test_every_shipped_variant_sets_existing_params_to_valid_values():
     variants = load_variants(ROOT / "configs" / "variants.yaml")
     assert {"default", "judge-verifier", "algo-ipo", "algo-spin-nll0", "evolve-fixed"} <= set(variants)
-    bstar = load_variants(ROOT / "configs" / "variants_bstar.yaml")  # compared in reports/bstar/, not reports/seeds/
+    bstar = load_variants(ROOT / "configs" / "variants_bstar.yaml")  # compared in research/results/bstar/, not reports/seeds/
     assert set(bstar) == {"default", "sample-bstar", "sample-bstar-oracle"} and bstar["default"] == []
     assert not set(variants) & (set(bstar) - {"default"})
     variants |= bstar
