@@ -166,9 +166,10 @@ def _doc(cls: type) -> str:
 
 def _tables() -> dict[str, dict[str, str]]:
     """Choices that live in a table of the library rather than an enum: {key: {name: what it is}}."""
-    from self_improve.config import ALGORITHMS, JUDGES
+    from self_improve.config import ALGORITHMS, JUDGES, TASKS
 
-    return {"judge.method": {name: judge.about for name, judge in JUDGES.items()},
+    return {"task.name": {name: task.about for name, task in TASKS.items()},
+            "judge.method": {name: judge.about for name, judge in JUDGES.items()},
             "train.algorithm": {name: algo.about for name, algo in ALGORITHMS.items()}}
 
 
@@ -191,7 +192,7 @@ def _sections(model: type[BaseModel], prefix: str, depth: int, enums: dict[str, 
         kind = _type(field.annotation, key)
         if key in (tables := _tables()):
             enums[key] = tables[key]
-            table = "judge" if key == "judge.method" else "algorithm"
+            table = {"task.name": "task", "judge.method": "judge", "train.algorithm": "algorithm"}[key]
             kind = (f"a name of the {table} table: {', '.join(f'`{n}`' for n in tables[key])} "
                     f"([choices](#{_slug(_choice_heading(key))}))")
         limits = _constraints(field)

@@ -15,7 +15,7 @@ import argparse
 
 from self_improve import artifacts as art
 from self_improve.cli import derive_seed, run_stage
-from self_improve.config import Params, TaskName
+from self_improve.config import Params
 from self_improve.tasks import task_for
 
 MARKER = "params.yaml passed self_improve/config's checks; its bytes never depend on the params\n"
@@ -27,7 +27,7 @@ def _args(p: argparse.ArgumentParser) -> None:
 
 def _body(args: argparse.Namespace, params: Params) -> None:
     # run_stage has validated the whole file by now (load_params); only a valid one gets here
-    if params.task.kind == TaskName.reasoning_gym:  # the datasets refuse their own bad names and values,
+    if params.task.entry.check_sets:  # reasoning_gym's datasets refuse their own bad names and values,
         # and sets too small to be disjoint are found here rather than after prepare lost its outputs
         task_for(params.task).sets(derive_seed(params.seed, "split"), params.prepare.train_size)
     with art.atomic_path(args.out) as tmp:

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
         cfg = params.agents
         iterations = [art.read_json(Path(args.iterations) / it / "metrics.json") for it in cfg.loop]
         df = summary_frame(art.read_json(args.base_metrics), iterations, cfg.n)
-        note = (f"{cfg.n} agents on {params.model.base}, task {params.task.name.value}, seed {params.seed}: "
+        note = (f"{cfg.n} agents on {params.model.base}, task {params.task.name}, seed {params.seed}: "
                 f"{cfg.rounds} rounds of discussion per problem, kappa {cfg.references}, {cfg.problems} problems "
                 f"per iteration; each agent trained with REINFORCE++ advantages through the GRPO trainer.")
         with art.atomic_path(args.summary) as tmp:

@@ -21,7 +21,7 @@ def test_a_recipe_is_valid_params_and_its_set_args_read_back_as_its_values(name,
     overrides = recipes.load(name)
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     params = parse_params(recipes.apply(raw, overrides), name)
-    assert params.model.base == "models/smollm2-135m-instruct" and params.task.name.value == "word_math"
+    assert params.model.base == "models/smollm2-135m-instruct" and params.task.name == "word_math"
     args = recipes.set_args(overrides)
     assert args[::2] == ["-S"] * len(overrides)
     assert dict(map(recipes.parse_assignment, args[1::2])) == overrides  # DVC reads back what the file says

@@ -26,6 +26,7 @@ from self_improve.config.algorithms import (  # noqa: F401 (re-exported)
     unregister_algorithm,
 )
 from self_improve.config.judges import JUDGES, Judge, judge_of, register, unregister  # noqa: F401 (re-exported)
+from self_improve.config.tasks import TASKS, TaskEntry, register_task, task_of, unregister_task  # noqa: F401
 from self_improve.config.judging import (  # noqa: F401 (re-exported)
     CrossView,
     FrozenJudge,
@@ -61,7 +62,6 @@ from self_improve.config.task import (  # noqa: F401 (re-exported)
     GymDataset,
     OnError,
     TaskConfig,
-    TaskName,
 )
 from self_improve.config.training import (  # noqa: F401 (re-exported)
     DpoConfig,
@@ -136,8 +136,8 @@ class Params(_Section):
             if link.ref != want:
                 raise ValueError(f"loop.{name}.ref: expected {want} (the model before {link.prev}), got {link.ref}")
             seen.add(name)
-        if self.task.kind == TaskName.math_file and self.task.columns and "answer" not in self.task.columns:
-            raise ValueError("task.columns: math_file needs `answer` (the file's gold answer column)")
+        if self.task.entry.math and self.task.columns and "answer" not in self.task.columns:
+            raise ValueError(f"task.columns: {self.task.name} needs `answer` (the file's gold answer column)")
         if self.train.method.reference_pairs and self.evolve.seed_prompts == 0:
             raise ValueError(f"train.algorithm {self.train.algorithm} needs evolve.seed_prompts > 0: it pairs the "
                              "seed data's reference answers with the model's own samples")

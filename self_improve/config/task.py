@@ -3,20 +3,13 @@
 from __future__ import annotations
 
 import enum
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from self_improve.config.base import _Section
-
-
-class TaskName(str, enum.Enum):
-    arithmetic = "arithmetic"  # procedural two-digit addition, verifiable (the tiny model's task)
-    word_math = "word_math"  # procedural grade-school word problems, 1-3 steps (real models)
-    math_file = "math_file"  # the user's GSM8K- or MATH-style file (`prompt_file`, `columns`)
-    instructions = "instructions"  # the user's open prompts (`prompt_file`); answers optional
-    prompts = "prompts"  # the earlier name of `instructions`
-    reasoning_gym = "reasoning_gym"  # reasoning-gym's procedural datasets (`datasets`), graded by their scorers
+from self_improve.config.tables import named_in
+from self_improve.config.tasks import TASKS, task_of
 
 
 WORD_OPS = ("add", "sub", "mul", "div")
@@ -44,7 +37,13 @@ class GymDataset(_Section):
 class TaskConfig(_Section):
     """The task (self_improve/tasks/): procedural, or the user's file; and the evaluation sets."""
 
-    name: TaskName = TaskName.arithmetic
+    name: Annotated[str, AfterValidator(named_in(TASKS))] = Field(
+        "arithmetic", description="the task: an entry of the task table (self_improve/config/tasks.py), built in "
+        "or added with `register_task` (docs/extending.md)",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="a task added by a plugin: its own settings, read by its code",
+    )
     prompt_file: str = Field(
         "data/inputs/instructions.jsonl", min_length=1,
         description="instructions / math_file: JSONL or parquet with `prompt`, optional `answer` and `category`",
@@ -126,6 +125,11 @@ class TaskConfig(_Section):
         return v
 
     @property
-    def kind(self) -> TaskName:
+    def kind(self) -> str:
         """The task's name, with the earlier name `prompts` read as `instructions`."""
-        return TaskName.instructions if self.name == TaskName.prompts else self.name
+        return "instructions" if self.name == "prompts" else self.name
+
+    @property
+    def entry(self):
+        """This task's entry of the task table (self_improve/config/tasks.py)."""
+        return task_of(self.name)

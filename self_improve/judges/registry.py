@@ -110,7 +110,7 @@ def context(params, models: dict[str, ModelHandle], *, task=None, seed: int = 0,
         ctx.question = getattr(task, "question", lambda prompt: prompt)
     if cfg.inverse:
         if not hasattr(task, "inverse"):
-            raise ConfigError(f"judge.inverse: task {params.task.name.value} poses no inverse problems "
+            raise ConfigError(f"judge.inverse: task {params.task.name} poses no inverse problems "
                               "(word_math and reasoning_gym do)")
         ctx.inverse, ctx.extract = task.inverse, lambda response: task.extract(response).answer
     return ctx

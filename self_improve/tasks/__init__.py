@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from self_improve.config import TaskConfig, TaskName
+from self_improve.config import TaskConfig
 from self_improve.tasks.answers import Extracted, equivalent, extract, gold_answer, normalise
 from self_improve.tasks.arithmetic import ArithmeticTask, Problem
 from self_improve.tasks.base import ProposeInput, Task, TaskSets
@@ -21,16 +21,6 @@ __all__ = ["ArithmeticTask", "Extracted", "FileTask", "Problem", "ProposeInput",
 
 
 def task_for(cfg: TaskConfig) -> Task:
-    """The task that `task.name` names, configured by the rest of the `task` section."""
-    kind = cfg.kind
-    if kind == TaskName.arithmetic:
-        return ArithmeticTask(cfg)
-    if kind == TaskName.word_math:
-        return WordMathTask(cfg)
-    if kind == TaskName.reasoning_gym:
-        from self_improve.tasks.reasoning_gym import (
-            ReasoningGymTask,  # the optional package, imported only here
-        )
-
-        return ReasoningGymTask(cfg)
-    return FileTask(cfg)
+    """The task that `task.name` names in the task table (self_improve/config/tasks.py), configured by
+    the rest of the `task` section; reasoning_gym's optional package is imported only when it is built."""
+    return cfg.entry.build(cfg)

@@ -27,7 +27,7 @@ import pandas as pd
 
 from self_improve import artifacts as art
 from self_improve import templates
-from self_improve.config import EvolveStrategy, TaskConfig, TaskName
+from self_improve.config import EvolveStrategy, TaskConfig
 from self_improve.curriculum import NO_CATEGORY, allocate
 from self_improve.errors import ConfigError
 from self_improve.tasks.answers import gold_answer
@@ -68,8 +68,8 @@ class FileTask(FreeTextAnswers):
 
     def __init__(self, cfg: TaskConfig):
         self.cfg = cfg
-        self.name = cfg.kind.value
-        self.math = cfg.kind == TaskName.math_file
+        self.name = cfg.kind
+        self.math = cfg.entry.math
         self.open_ended = not self.math
         self.instruction = cfg.instruction
         default = {"prompt": "prompt", "answer": "answer", "category": "category"}
