@@ -157,6 +157,7 @@ def bench_compute(work: Path, device: str, single_prompts: int) -> dict:
     from self_improve.engines.sampler import HFSampler, VLLMSampler, vllm_unavailable
     from self_improve.models.loading import attach_lora, load_model, set_threads
     from self_improve.sampling import sample
+    from self_improve.tasks import task_for
     from self_improve.training.loop import Schedule, steps_for
     from self_improve.training.trainers import RunContext, SFTTrainer
 
@@ -214,7 +215,8 @@ def bench_compute(work: Path, device: str, single_prompts: int) -> dict:
     sampler = HFSampler(model, tok)
     sizes = [n for n in (250, 500, 1000, 2000) if n <= len(prompts)] or [  # a quick run's few prompts
         max(1, len(prompts) * i // 4) for i in (1, 2, 3, 4)]
-    times = [timed(lambda n=n: sample(sampler, prompts.head(n), cfg, 0, progress=False))[1] for n in sizes]
+    task = task_for(params.task)
+    times = [timed(lambda n=n: sample(sampler, prompts.head(n), cfg, 0, task, progress=False))[1] for n in sizes]
     slope, intercept = np.polyfit(sizes, times, 1)
     pred = np.polyval([slope, intercept], sizes)
     r2 = 1 - float(np.sum((np.array(times) - pred) ** 2) / np.sum((np.array(times) - np.mean(times)) ** 2))
