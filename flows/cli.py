@@ -2,6 +2,7 @@
 
     self-improve seeds --name dpo --seeds 0 1 2 -S train.algorithm=dpo    # a variant over seeds
     self-improve seeds --variants configs/variants.yaml --seeds 0 1 2      # every README comparison
+    self-improve seeds --recipe smollm2-gym scpo --name scpo --out DIR     # a setup and a rule over seeds
     self-improve table --out reports/seeds                                 # the tables from kept results
     self-improve recipe smollm2-gym scpo -S seed=1                         # -S arguments for dvc exp run
     self-improve plain WORKDIR                                             # the stages without DVC

@@ -5,6 +5,7 @@
     python -m flows.experiments --variants configs/variants.yaml --seeds 0 1 2   # every README comparison
     python -m flows.experiments --table          # only rebuild the table and plot from kept results
     python -m flows.experiments --variants configs/variants.yaml --plain /tmp/seeds --jobs 8   # without DVC
+    python -m flows.experiments --recipe smollm2-gym scpo --name scpo --out DIR   # a setup and a rule
 
 One run cannot tell two variants apart: the same seed trains a different tiny base model on another
 CPU (floating point), and every later figure inherits the difference. Each (variant, seed) runs
@@ -38,10 +39,11 @@ import pandas as pd
 import yaml
 
 from flows import plain
+from self_improve import arms, recipes
 from self_improve import artifacts as art
 from self_improve.choice import SIGNALS
-from self_improve import arms
 from self_improve.comparison import baseline, choices, comparison, load_results, plot, set_by, table
+from self_improve.errors import ConfigError
 from self_improve.recipes import flatten
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -317,6 +319,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
     ap.add_argument("-S", "--set-param", dest="params", action="append", default=[],
                     help="a params override, as `dvc exp run -S` takes it (repeatable)")
+    ap.add_argument("--recipe", nargs="+", default=[], metavar="NAME",
+                    help="recipes of configs/recipes/ and configs/rules/ applied under every variant's own overrides "
+                         "(a setup and a rule: smollm2-gym scpo)")
     ap.add_argument("--variants", type=Path,
                     help="a YAML file of {name: [override, ...]}: run each (a first seed of every variant "
                          "before a second of any)")
@@ -338,7 +343,11 @@ def main(argv: list[str] | None = None) -> None:
             variants = {args.name: args.params}
         else:
             ap.error("--name (or --variants) is needed to run a variant")
-        runs = [(name, params, seed) for seed in args.seeds for name, params in variants.items()]
+        try:
+            base = [f"{k}={recipes.render(v)}" for k, v in recipes.load_all(args.recipe, ROOT).items()]
+        except ConfigError as err:
+            ap.error(str(err))
+        runs = [(name, base + params, seed) for seed in args.seeds for name, params in variants.items()]
         threads = plain.threads_per_job(args.jobs)
         lock = threading.Lock()
 

@@ -342,3 +342,22 @@ def test_a_kept_report_carries_each_iterations_training_metrics(tmp_path):
     assert sorted(p.name for p in (tmp_path / "kept").glob("train_metrics_*.json")) == [
         "train_metrics_it1.json", "train_metrics_it2.json"]
     assert json.loads((tmp_path / "kept" / "train_metrics_it2.json").read_text()) == {"train_examples": 1232}
+
+
+def test_a_setup_and_a_rule_run_over_seeds_by_name(tmp_path, monkeypatch):
+    """--recipe smollm2-gym scpo: every run gets the recipes' overrides, then its own, then its seed, and
+    keeps them in its result; an unknown recipe is refused before anything runs."""
+    from flows import experiments as seeds
+    from self_improve import recipes
+
+    calls = []
+    monkeypatch.setattr(seeds, "run_experiment", lambda name, args, dest, **kw: calls.append((name, args, kw)))
+    monkeypatch.setattr(seeds, "write_reports", lambda out: "")
+    seeds.main(["--recipe", "smollm2-gym", "scpo", "--name", "scpo", "--seeds", "2", "--out", str(tmp_path),
+                "-S", "pairs.max_pairs=53"])
+    ((name, args, kw),) = calls
+    want = recipes.set_args(recipes.load_all(["smollm2-gym", "scpo"], ROOT))
+    assert name == "scpo-s2" and args == want + ["-S", "pairs.max_pairs=53", "-S", "seed=2"]
+    assert kw["extra"]["overrides"][-1] == "pairs.max_pairs=53" and "judge.method=vote_share" in kw["extra"]["overrides"]
+    with pytest.raises(SystemExit):
+        seeds.main(["--recipe", "nope", "--name", "x", "--out", str(tmp_path)])
