@@ -41,9 +41,6 @@ class TaskConfig(_Section):
         "arithmetic", description="the task: an entry of the task table (self_improve/config/tasks.py), built in "
         "or added with `register_task` (docs/extending.md)",
     )
-    options: dict[str, Any] = Field(
-        default_factory=dict, description="a task added by a plugin: its own settings, read by its code",
-    )
     prompt_file: str = Field(
         "data/inputs/instructions.jsonl", min_length=1,
         description="instructions / math_file: JSONL or parquet with `prompt`, optional `answer` and `category`",
