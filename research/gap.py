@@ -184,8 +184,17 @@ def main(argv: list[str] | None = None) -> None:
     print(table(result))
 
 
+ROOT = Path(__file__).resolve().parents[1]
 # the label-free rules and the control arms (configs/rules/<name>.yaml), and the judge that runs a model
-RULES = [*recipes.rules(Path(__file__).resolve().parents[1]), "llm_judge:yes_logprob"]
+RULES = [*recipes.rules(ROOT), "llm_judge:yes_logprob"]
+
+
+def rule_overrides(name: str, root: Path = ROOT) -> dict[str, object]:
+    """A judge as dotted params overrides: a rule recipe (configs/rules/), or `method[:mode]`."""
+    if (root / recipes.RULES / f"{name}.yaml").is_file():
+        return recipes.load(root / recipes.RULES / f"{name}.yaml")
+    method, _, mode = name.partition(":")
+    return {"judge.method": method, **({"judge.mode": mode} if mode else {})}
 
 
 SET_NAMES = {"dev": "dev", "heldout": "held-out"}  # the set a diagnosis read (reports kept before --on: held-out)
@@ -193,7 +202,7 @@ SET_NAMES = {"dev": "dev", "heldout": "held-out"}  # the set a diagnosis read (r
 
 def rule(name: str, params) -> tuple[JudgeConfig, PairsConfig]:
     """A rule of configs/rules/ (or `method[:mode]`) as the judge and pairs configs it runs with."""
-    over = recipes.rule_overrides(name, Path(__file__).resolve().parents[1])
+    over = rule_overrides(name)
     section = {sec: {k.split(".", 1)[1]: v for k, v in over.items() if k.startswith(f"{sec}.")}
                for sec in ("judge", "pairs")}
     return (JudgeConfig(**{**params.judge.model_dump(), **section["judge"]}),

@@ -38,7 +38,9 @@ def recipe(name: str) -> list[str]:
 
 def judge_overrides(judge: str) -> list[str]:
     """`-S` overrides of a judge: a rule of configs/rules/, or judge.method[:mode]."""
-    return recipes.set_args(recipes.rule_overrides(judge, ROOT))
+    from research.gap import rule_overrides
+
+    return recipes.set_args(rule_overrides(judge, ROOT))
 
 
 def run_one(judge: str, seed: int, force: bool, recipe_name: str = "smollm2-v3", *, out: Path,

@@ -81,14 +81,6 @@ def rules(root: Path = Path(".")) -> list[str]:
     return sorted(p.stem for p in (root / RULES).glob("*.yaml"))
 
 
-def rule_overrides(name: str, root: Path = Path(".")) -> dict[str, Any]:
-    """A judge as dotted params overrides: a rule recipe (configs/rules/), or `method[:mode]`."""
-    if (root / RULES / f"{name}.yaml").is_file():
-        return load(root / RULES / f"{name}.yaml")
-    method, _, mode = name.partition(":")
-    return {"judge.method": method, **({"judge.mode": mode} if mode else {})}
-
-
 def load(name: str | Path, root: Path = Path(".")) -> dict[str, Any]:
     """A recipe's overrides as {dotted key: value}, in file order."""
     path = path_of(name, root)

@@ -116,11 +116,13 @@ def test_an_algorithm_added_by_a_plugin_trains_with_its_loss(hinge_plugin, tiny_
 def test_the_plugin_algorithm_runs_the_whole_loop(hinge_plugin, tmp_path, tiny_raw, monkeypatch):
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(deep_merge(tiny_raw, {"plugins": [hinge_plugin],
-                                                           "train": {"algorithm": "hinge"}})))
+                                                           "train": {"algorithm": "hinge", "dpo": {"rpo_alpha": 0.0}}})))
     run_all(tmp_path, params, monkeypatch)
     for it in ("it1", "it2", "it3"):
         train = json.loads((tmp_path / "data" / it / "train_metrics.json").read_text())
         assert train["train_steps"] > 0, it
+        # a fresh adapter starts at the reference: every margin 0, the hinge's loss 1 (DPO's would be log 2)
+        assert train["train_loss_first"] == pytest.approx(1.0, abs=1e-5), it
         metrics = json.loads((tmp_path / "reports" / "iterations" / it / "metrics.json").read_text())
         assert metrics["accuracy"] is not None, it
 

@@ -141,6 +141,7 @@ def test_rules_are_recipes_that_compose_with_a_setup_left_to_right():
     """A rule of configs/rules/ is a recipe by name: `smollm2-gym scpo` is the gym setup judged by ScPO,
     the same `-S` arguments the kept runs' runner passes to `dvc exp run` (so a README row's command
     is `dvc exp run $(python -m self_improve.recipes smollm2-gym scpo -S seed=0)`)."""
+    from research.gap import rule_overrides
     from research.real_loops import judge_overrides, recipe
 
     assert {"scpo", "scpo+validity_any", "random", "format", "validity_only", "verifier"} <= set(recipes.rules(ROOT))
@@ -152,8 +153,7 @@ def test_rules_are_recipes_that_compose_with_a_setup_left_to_right():
     assert shlex.split(out) == recipe("smollm2-gym") + judge_overrides("scpo") + ["-S", "seed=0"]
     # later wins; a bare judge.method[:mode] still names a judge with no rule file
     assert recipes.load_all(["scpo", "majority_vote"], ROOT)["judge.method"] == "majority_vote"
-    assert recipes.rule_overrides("llm_judge:yes_logprob", ROOT) == {"judge.method": "llm_judge",
-                                                                     "judge.mode": "yes_logprob"}
+    assert rule_overrides("llm_judge:yes_logprob", ROOT) == {"judge.method": "llm_judge", "judge.mode": "yes_logprob"}
     bad = subprocess.run([sys.executable, "-m", "self_improve.recipes", "smollm2-gym", "nope"],
                          cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode != 0 and "recipe nope" in bad.stderr and "Traceback" not in bad.stderr

@@ -100,9 +100,9 @@ INIT = "init"  # the base model as initialised, before prepare's warm-up
 class Params(_Section):
     seed: int = Field(0, ge=0)
     plugins: list[str] = Field(
-        [], description="modules imported before the params are checked, each registering what it adds (a judge "
-        "with `register`): e.g. plugins.my_judge for plugins/my_judge.py, a dependency of every stage "
-        "(docs/extending.md)",
+        [], description="modules imported before the params are checked, each registering what it adds (a task, "
+        "judge or training algorithm): e.g. plugins.my_judge for plugins/my_judge.py, a dependency of every "
+        "stage (docs/extending.md)",
     )
     model: ModelConfig = ModelConfig()
     task: TaskConfig = TaskConfig()

@@ -10,9 +10,10 @@ prompts each iteration by default). No stage asks which algorithm it runs: each 
 A preference algorithm's `loss` is `"module:function"` (imported when training starts) or the
 function, called as `fn(pi_chosen, pi_rejected, ref_chosen, ref_rejected, beta=, weight=,
 [consistency=])` on (B,) sequence log-probs and returning (the weighted mean loss, stats holding
-(B,) `reward_margin` and `reward_accuracy`), as self_improve/training/losses.py's dpo_loss does; `mean_logps` takes token-mean log-probs (IPO),
-`nll` adds the RPO NLL term on the chosen answer (train.dpo.rpo_alpha). Adding a loss variant is one
-module and one `register` call (docs/extending.md).
+(B,) `reward_margin` and `reward_accuracy`), as self_improve/training/losses.py's dpo_loss does;
+`mean_logps` takes token-mean log-probs (IPO), `nll` adds the RPO NLL term on the chosen answer
+(train.dpo.rpo_alpha). Adding a loss variant is one module and one `register_algorithm` call
+(docs/extending.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The library's tables of named parts (the judges, the training algorithms): a name -> entry mapping
+"""The library's tables of named parts (tasks, judges, training algorithms): a name -> entry mapping
 that params validation reads, that plugins extend with `register`, and that refuses an unknown name
 with the names it holds. An entry points at its code as `"module:function"`, imported only when it
 runs (`resolve`), so that reading a table loads no model code."""

@@ -98,7 +98,8 @@ def context(params, models: dict[str, ModelHandle], *, task=None, seed: int = 0,
     """The JudgeContext that judging with `cfg` (default params.judge) reads: the templates the judge
     table says it renders (a bad file refused by key), the scoring limits of params, the task's check,
     question and inverse problems, and the `models` given by role (policy, reference, frozen; `needs`
-    says which). The judge stage and the diagnosis build it this one way."""
+    says which). The judge stage builds it so; the diagnosis (research/gap.py) keeps one context for every
+    rule it scores, so that their log-prob scores are computed once."""
     cfg = cfg or params.judge
     frozen = cfg.frozen != FrozenJudge.none
     ctx = JudgeContext(template=_template(params) if cfg.judge.needs_template else None,
