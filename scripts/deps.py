@@ -28,6 +28,11 @@ FOLDERS = ("self_improve/config", "self_improve/tasks", "self_improve/judges")  
 FIRST = ("stages/__init__.py", "self_improve/__init__.py", "self_improve/cpu.py")  # every stage's, in this order
 PLUGINS = "plugins"  # the user's modules that params.yaml's `plugins` imports: every stage's
 STAGE = re.compile(r"^  ([A-Za-z0-9_@-]+):(\s|$)")  # a stage's first line under `stages:`
+# a table's entries name their code as "module:function" strings, imported when a runner resolves them: a
+# stage whose closure holds a runner depends on the modules the table names (and what they import)
+TABLE_RUNNERS = {"self_improve/engines/engine.py": "self_improve/config/engines.py",
+                 "self_improve/engines/sampler.py": "self_improve/config/engines.py"}
+REF = re.compile(r"^((?:self_improve|stages)(?:\.\w+)+):\w+$")
 NOTES = {"self_improve/__init__.py": "pins the CPU kernels",
          PLUGINS: "the modules params.yaml's `plugins` imports"}
 
@@ -63,24 +68,33 @@ def imported_names(mod: Path, node: ast.AST, root: Path = ROOT) -> list[str]:
     return [prefix] + [f"{prefix}.{a.name}" for a in node.names]
 
 
+def table_refs(table: Path) -> list[str]:
+    """The modules a table's entries name as "module:function"."""
+    return [m.group(1) for node in ast.walk(ast.parse(table.read_text()))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and (m := REF.match(node.value))]
+
+
 def imports(path: Path, root: Path = ROOT) -> set[str]:
     """Repo modules (as paths relative to `root`) that `path` imports, directly or through other repo
-    modules, with the packages above each."""
+    modules (or through a table a module runs, TABLE_RUNNERS), with the packages above each."""
     seen: set[str] = set()
     todo = [path]
     while todo:
         mod = todo.pop()
-        for node in ast.walk(ast.parse(mod.read_text())):
-            for name in imported_names(mod, node, root):
-                parts = name.split(".")
-                for i in range(1, len(parts) + 1):
-                    target = module_file(".".join(parts[:i]), root)
-                    if target is None or not defines_something(target):
-                        continue
-                    rel = str(target.relative_to(root))
-                    if rel not in seen:
-                        seen.add(rel)
-                        todo.append(target)
+        names = [name for node in ast.walk(ast.parse(mod.read_text())) for name in imported_names(mod, node, root)]
+        table = TABLE_RUNNERS.get(str(mod.relative_to(root)))
+        if table is not None:
+            names += table_refs(root / table)
+        for name in names:
+            parts = name.split(".")
+            for i in range(1, len(parts) + 1):
+                target = module_file(".".join(parts[:i]), root)
+                if target is None or not defines_something(target):
+                    continue
+                rel = str(target.relative_to(root))
+                if rel not in seen:
+                    seen.add(rel)
+                    todo.append(target)
     return seen
 
 

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.iteration != "it0":
             params.iteration_index(args.iteration)
         prov = stage_provenance("engine", args.iteration, params, PARAMS, [args.out])
-        prov["params"]["sample"] = {"backend": params.sample.backend.value}  # the one sample key it reads
+        prov["params"]["sample"] = {"backend": params.sample.backend}  # the one sample key it reads
         with art.atomic_path(args.out, is_dir=True) as tmp:
             record = prepare(params.sample.backend, args.model, args.base, tmp, params.security, params.model)
             (tmp / "provenance.json").write_text(json.dumps(prov, indent=2, sort_keys=True) + "\n")

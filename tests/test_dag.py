@@ -52,6 +52,15 @@ def test_generating_the_code_deps_keeps_every_other_line():
     assert out.returncode == 0, out.stderr
 
 
+def test_a_table_entry_named_as_a_string_is_a_dep_of_the_stages_that_run_it():
+    """The engine stage reaches CTranslate2's conversion only through the engine table's
+    "module:function" names: an edit to it still reruns the engine stages, and not the prepare stage."""
+    refs = code_deps.table_refs(ROOT / "self_improve/config/engines.py")
+    assert "self_improve.engines.ct2" in refs and "self_improve.engines.sampler" in refs
+    assert "self_improve/engines/ct2.py" in code_deps.code_deps("stages.engine", ROOT)
+    assert "self_improve/engines/ct2.py" not in code_deps.code_deps("stages.prepare", ROOT)
+
+
 def test_every_stage_depends_on_the_modules_it_imports():
     stages = _stages()
     for name, spec in stages.items():

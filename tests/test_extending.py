@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from self_improve import artifacts as art
-from self_improve.config import ALGORITHMS, JUDGES, TASKS, ConfigError, parse_params
+from self_improve.config import ALGORITHMS, ENGINES, JUDGES, TASKS, ConfigError, parse_params
 
 from .conftest import ROOT, deep_merge, run_all
 
@@ -164,3 +164,53 @@ def test_the_plugin_task_runs_the_whole_loop(three_sum_plugin, tmp_path, tiny_ra
         metrics = json.loads((tmp_path / "reports" / "iterations" / it / "metrics.json").read_text())
         assert metrics["accuracy"] is not None and "floor" not in metrics, it
         assert {"accuracy/up_to_200", "accuracy/over_200"} <= set(metrics), it
+
+
+@pytest.fixture
+def merged_plugin(plugin):
+    return plugin("An engine", "merged_example", ENGINES, "hf_merged")
+
+
+def test_an_engine_added_by_a_plugin_samples_as_hf_does(merged_plugin, tiny_raw, tok, trained, tmp_path):
+    """Named by sample.backend (an unknown name refused with the table's), prepared once (the merged
+    copy and its record) and opened on it: greedy answers equal hf's on the same model."""
+    from self_improve.engines.engine import prepare, read_engine
+    from self_improve.engines.hf import SamplingSpec
+    from self_improve.engines.sampler import HFSampler, open_sampler
+    from self_improve.models.loading import save_model
+
+    (snippet,) = _blocks("An engine", "yaml")
+    over = yaml.safe_load(snippet)
+    assert over["plugins"] == ["plugins.merged"] and over["sample"] == {"backend": "hf_merged"}
+    params = parse_params(deep_merge(tiny_raw, {**over, "plugins": [merged_plugin]}))
+    assert params.sample.backend == "hf_merged" and ENGINES.of("hf_merged").auto is None
+    with pytest.raises(ConfigError, match="sample.backend.*unknown engine 'hf_merge'.*auto.*hf_merged"):
+        parse_params(deep_merge(tiny_raw, {"plugins": [merged_plugin], "sample": {"backend": "hf_merge"}}))
+    model = tmp_path / "model"
+    save_model(trained, tok, model, {"test": True})
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    assert prepare("hf_merged", model, None, engine) == read_engine(engine) == {"engine": "hf_merged", "model": "merged"}
+    assert (engine / "merged" / "config.json").is_file()
+    sampler = open_sampler(model, params.sample, engine=engine)
+    assert sampler.backend == "hf_merged"
+    prompts, spec = ["12+34=", "23+45=", "31+17="], SamplingSpec(n=1, greedy=True, max_new_tokens=4)
+    assert sampler.generate(prompts, spec, 0, progress=False) == HFSampler(trained, tok).generate(
+        prompts, spec, 0, progress=False)
+
+
+@pytest.mark.loop
+def test_the_plugin_engine_runs_the_whole_loop(merged_plugin, tmp_path, tiny_raw, monkeypatch):
+    """Every iteration's engine stage merges its chain once; sample and evaluate run on the copy."""
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(deep_merge(tiny_raw, {"plugins": [merged_plugin],
+                                                           "sample": {"backend": "hf_merged"}})))
+    run_all(tmp_path, params, monkeypatch)
+    for it in ("it0", "it1", "it2", "it3"):
+        engine = tmp_path / "data" / it / "engine"
+        assert json.loads((engine / "engine.json").read_text()) == {"engine": "hf_merged", "model": "merged"}, it
+        assert (engine / "merged" / "config.json").is_file(), it
+    for it in ("it1", "it2", "it3"):
+        assert art.read_provenance(tmp_path / "data" / it / "samples.parquet")["backend"] == "hf_merged", it
+        metrics = json.loads((tmp_path / "reports" / "iterations" / it / "metrics.json").read_text())
+        assert metrics["accuracy"] is not None and metrics["num_pairs"] > 0, it

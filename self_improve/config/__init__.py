@@ -26,6 +26,7 @@ from self_improve.config.algorithms import (  # noqa: F401 (re-exported)
     unregister_algorithm,
 )
 from self_improve.config.judges import JUDGES, Judge, judge_of, register, unregister  # noqa: F401 (re-exported)
+from self_improve.config.engines import AUTO, ENGINES, Engine, register_engine, unregister_engine  # noqa: F401
 from self_improve.config.tasks import TASKS, TaskEntry, register_task, task_of, unregister_task  # noqa: F401
 from self_improve.config.judging import (  # noqa: F401 (re-exported)
     CrossView,
@@ -53,7 +54,6 @@ from self_improve.config.sampling import (  # noqa: F401 (re-exported)
     EvaluateConfig,
     EvolveConfig,
     EvolveStrategy,
-    SampleBackend,
     SampleConfig,
     VllmConfig,
 )

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Optional
+from typing import Annotated, Optional
 
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, field_validator
 
 from self_improve.config.base import _Section
+from self_improve.config.engines import AUTO, backend_name
 
 
 class EvolveStrategy(str, enum.Enum):
@@ -32,13 +33,6 @@ class EvolveConfig(_Section):
     )
     sec_alpha: float = Field(0.5, gt=0, le=1, description="sec: TD(0) step size of the category values")
     sec_temperature: float = Field(0.2, gt=0, description="sec: softmax temperature over category values")
-
-
-class SampleBackend(str, enum.Enum):
-    auto = "auto"  # vllm with a GPU, else ct2 when installed and the model converts, else hf
-    hf = "hf"  # batched `transformers` generation (CPU or GPU)
-    ct2 = "ct2"  # CTranslate2 on the iteration's converted model (data/itN/engine)
-    vllm = "vllm"  # the `gpu` extra; GPU only
 
 
 class Ct2ComputeType(str, enum.Enum):
@@ -119,7 +113,10 @@ class BstarConfig(_Section):
 
 
 class SampleConfig(_Section):
-    backend: SampleBackend = Field(SampleBackend.auto, description="sampling engine (sample and evaluate)")
+    backend: Annotated[str, AfterValidator(backend_name)] = Field(
+        AUTO, description="sampling engine (sample and evaluate): an entry of the engine table "
+        "(self_improve/config/engines.py: vllm, ct2, hf, or one added with `register_engine`), or auto: vllm with a "
+        "GPU, else ct2 when installed and the model converts, else hf")
     k: int = Field(4, ge=1, description="responses per prompt")
     temperature: float = Field(0.7, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)

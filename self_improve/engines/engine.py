@@ -1,12 +1,14 @@
 """An iteration's model made ready for the inference engine, once: what the `engine` stage does.
 
-`prepare` resolves `sample.backend` once (`auto`: vLLM where it can run, else CTranslate2 where it
-is installed, else hf) and writes the engine dir every later stage that samples or evaluates the
-model reads: for ct2 the model, merged with its adapters, converted into CTranslate2's format
-(`auto` falls back to hf, with the reason recorded, for an architecture the converter does not
-know; `ct2` names it as an error); for vLLM the model merged with its adapters into `hf/` (what
-vLLM and `vllm serve` load); for hf nothing but the record. The record (`engine.json`) names the
-engine the samplers then open (self_improve/engines/sampler.py's `open_sampler`).
+`prepare` resolves `sample.backend` once (`auto`: the first available engine of the engine table,
+self_improve/config/engines.py, by rank: vLLM where it can run, else CTranslate2 where it is
+installed, else hf) and fills the engine dir every later stage that samples or evaluates the model
+reads, with the engine's own `prepare`: for ct2 the model, merged with its adapters, converted into
+CTranslate2's format (`auto` falls back to hf, with the reason recorded, for an architecture the
+converter does not know; `ct2` names it as an error); for vLLM the model merged with its adapters
+into `hf/` (what vLLM and `vllm serve` load); for hf nothing but the record. The record
+(`engine.json`) names the engine the samplers then open (self_improve/engines/sampler.py's
+`open_sampler`).
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ import json
 import logging
 from pathlib import Path
 
-from self_improve.config import ModelConfig, SampleBackend, SecurityConfig
+from self_improve.config import AUTO, ENGINES, ModelConfig, SecurityConfig
+from self_improve.config.tables import resolve
 from self_improve.errors import ConfigError, PipelineError
 
 log = logging.getLogger(__name__)
 
 ENGINE_FILE = "engine.json"  # the record inside an engine dir
 MERGED_DIR = "hf"  # vLLM: the merged model (safetensors) inside an engine dir
+FALLBACK = "hf"  # what `auto` takes for a model an engine's `prepare` refuses
 
 
 def read_engine(engine_dir: str | Path) -> dict:
@@ -47,41 +51,45 @@ def vllm_unavailable() -> str | None:
     return None
 
 
-def resolve_backend(requested: SampleBackend) -> SampleBackend:
-    """`auto`: vLLM where it can run (a GPU), else CTranslate2 where it is installed, else hf."""
-    if requested == SampleBackend.auto:
-        from self_improve.engines.ct2 import ct2_unavailable
+def resolve_backend(requested: str) -> str:
+    """The engine `requested` names; `auto`: the first available engine by the table's `auto` rank."""
+    if requested != AUTO:
+        ENGINES.of(requested)
+        return requested
+    ranked = sorted((entry.auto, name) for name, entry in ENGINES.items() if entry.auto is not None)
+    for _, name in ranked:
+        if ENGINES[name].why_not() is None:
+            return name
+    return FALLBACK
 
-        if not vllm_unavailable():
-            return SampleBackend.vllm
-        return SampleBackend.hf if ct2_unavailable() else SampleBackend.ct2
-    return requested
+
+def merge_for_vllm(model_dir: str | Path, base: str | Path | None, out: Path,
+                   security: SecurityConfig = SecurityConfig(), model_cfg: ModelConfig = ModelConfig()) -> dict:
+    """vLLM's `prepare`: vLLM loads a plain HF dir, so the adapters are merged once, into `out/hf`."""
+    from self_improve.models.loading import export_merged
+
+    export_merged(model_dir, base, Path(out) / MERGED_DIR, security, model_cfg,
+                  {"exported_from": str(model_dir), "base": str(base) if base else None})
+    return {"engine": "vllm", "model": MERGED_DIR}
 
 
-def prepare(requested: SampleBackend, model_dir: str | Path, base: str | Path | None, out: Path,
+def prepare(requested: str, model_dir: str | Path, base: str | Path | None, out: Path,
             security: SecurityConfig = SecurityConfig(), model_cfg: ModelConfig = ModelConfig()) -> dict:
     """Fill the (new, empty) engine dir `out` for `model_dir` (an adapter chain on `base`) and write its
     record; returns the record. torch and the engines load only for the backend that needs them."""
     backend = resolve_backend(requested)
-    record: dict = {"engine": backend.value}
-    if backend == SampleBackend.ct2:
-        from self_improve.engines.ct2 import convert
+    entry = ENGINES[backend]
+    record: dict = {"engine": backend}
+    if entry.prepare is not None:
         from self_improve.models.loading import set_threads
 
         set_threads()
         try:
-            record = convert(model_dir, base, out, security, model_cfg)
+            record = resolve(entry.prepare)(model_dir, base, out, security, model_cfg)
         except ConfigError as err:
-            if requested != SampleBackend.auto:
+            if requested != AUTO:
                 raise
-            log.warning("%s; sampling with hf", err)
-            record = {"engine": "hf", "fallback": str(err)}
-    elif backend == SampleBackend.vllm:  # vLLM loads a plain HF dir: the adapters merged once here
-        from self_improve.models.loading import export_merged, set_threads
-
-        set_threads()
-        export_merged(model_dir, base, out / MERGED_DIR, security, model_cfg,
-                      {"exported_from": str(model_dir), "base": str(base) if base else None})
-        record = {"engine": "vllm", "model": MERGED_DIR}
+            log.warning("%s; sampling with %s", err, FALLBACK)
+            record = {"engine": FALLBACK, "fallback": str(err)}
     (out / ENGINE_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return record

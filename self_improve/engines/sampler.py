@@ -13,19 +13,19 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import Protocol
 
 import torch
 
 from self_improve.chat import ChatFormat
-from self_improve.config import ModelConfig, SampleBackend, SampleConfig, SecurityConfig, VllmConfig
+from self_improve.config import AUTO, ENGINES, ModelConfig, SampleConfig, SecurityConfig, VllmConfig
+from self_improve.config.tables import resolve
 from self_improve.engines.ct2 import ct2_unavailable, open_ct2
 from self_improve.engines.engine import read_engine, resolve_backend, vllm_unavailable  # noqa: F401 (re-exported)
 from self_improve.engines.hf import Generations, SamplingSpec, chat_format, generate
 from self_improve.errors import ConfigError, PipelineError
-from self_improve.models.loading import BASE_FILE, CHAIN_FILE, check_model_dir, load_model
+from self_improve.models.loading import check_model_dir, load_model, merged_copy
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +67,7 @@ class VLLMSampler:
         if reason:
             raise PipelineError(f"sample.backend: vllm cannot run here: {reason}")
         groups = engine_plan(visible_gpus(), vllm.tensor_parallel_size, vllm.data_parallel_size)
-        model_dir = Path(model_dir)
-        if (model_dir / CHAIN_FILE).is_file() or (model_dir / BASE_FILE).is_file():
-            from self_improve.models.loading import export_merged
-
-            self._tmp = tempfile.TemporaryDirectory(prefix="self-improve-vllm-")
-            merged = Path(self._tmp.name) / "model"
-            export_merged(model_dir, base, merged, security, model_cfg)  # merged once per stage
-            model_dir = merged
+        model_dir, self._tmp = merged_copy(model_dir, base, security, model_cfg)  # merged once per stage
         model_dir = str(check_model_dir(model_dir, security))
         self.chat = ChatFormat.from_dir(model_dir, security.trust_remote_code)
         dtype = "auto" if model_cfg.dtype.value == "auto" else model_cfg.dtype.value
@@ -231,32 +224,46 @@ def _engine_main(conn, gpus: str, llm_kwargs: dict) -> None:
 def open_sampler(model_dir: str | Path, cfg: SampleConfig, security: SecurityConfig = SecurityConfig(),
                  base: str | Path | None = None, model_cfg: ModelConfig = ModelConfig(),
                  engine: str | Path | None = None) -> Sampler:
-    """The configured engine, loaded with the model in `model_dir` (on `base` if it is a chain).
+    """The configured engine (an entry of the engine table, self_improve/config/engines.py), loaded
+    with the model in `model_dir` (on `base` if it is a chain).
 
     `engine`: the model's engine dir (the `engine` stage's output, self_improve/engines/engine.py), whose
     record names the engine `auto` resolved to (hf where the model was unconvertible); CTranslate2 runs
     its conversion. Without one, `auto` is resolved here and ct2 converts now."""
-    record = read_engine(engine) if engine is not None and cfg.backend != SampleBackend.hf else {}
+    record = read_engine(engine) if engine is not None and cfg.backend != "hf" else {}
     if record:  # `auto` was resolved once, by the engine stage: its record says which engine (hf needs none)
-        backend = SampleBackend(record["engine"])
-        if cfg.backend not in (SampleBackend.auto, backend):
-            raise PipelineError(f"{engine}: made for {backend.value}, not {cfg.backend.value}; rerun its engine stage")
+        backend = record["engine"]
+        if cfg.backend not in (AUTO, backend):
+            raise PipelineError(f"{engine}: made for {backend}, not {cfg.backend}; rerun its engine stage")
         if record.get("fallback"):
             log.info("sampling backend: hf (%s)", record["fallback"])
     else:
         backend = resolve_backend(cfg.backend)
-    log.info("sampling backend: %s", backend.value)
-    if backend == SampleBackend.vllm:
-        merged = Path(engine) / record["model"] if record.get("model") else None
-        if cfg.vllm.url or cfg.vllm.server_python:
-            return _server_sampler(merged, model_dir, base, cfg.vllm, security, model_cfg)
-        return VLLMSampler(merged or model_dir, cfg.gpu_memory_utilization, security, base, model_cfg, cfg.vllm)
-    if backend == SampleBackend.ct2:
-        reason = ct2_unavailable()
-        if reason:
-            raise PipelineError(f"sample.backend: ct2 cannot run here: {reason}")
-        return open_ct2(engine, model_dir, base, cfg.ct2, security, model_cfg)
+    log.info("sampling backend: %s", backend)
+    return resolve(ENGINES.of(backend).open)(engine if record else None, model_dir, base, cfg, security, model_cfg)
+
+
+def open_hf(engine_dir, model_dir, base, cfg: SampleConfig, security: SecurityConfig, model_cfg: ModelConfig):
+    """hf's `open`: the model loaded with `transformers` (its adapters applied)."""
     return HFSampler(*load_model(model_dir, security=security, base=base, model_cfg=model_cfg))
+
+
+def open_ct2_sampler(engine_dir, model_dir, base, cfg: SampleConfig, security: SecurityConfig,
+                     model_cfg: ModelConfig):
+    """ct2's `open`: the engine dir's conversion (or one made now, outside the pipeline)."""
+    reason = ct2_unavailable()
+    if reason:
+        raise PipelineError(f"sample.backend: ct2 cannot run here: {reason}")
+    return open_ct2(engine_dir, model_dir, base, cfg.ct2, security, model_cfg)
+
+
+def open_vllm(engine_dir, model_dir, base, cfg: SampleConfig, security: SecurityConfig, model_cfg: ModelConfig):
+    """vLLM's `open`: in-process on the engine dir's merged copy, or through a server (`sample.vllm`)."""
+    record = read_engine(engine_dir) if engine_dir is not None else {}
+    merged = Path(engine_dir) / record["model"] if record.get("model") else None
+    if cfg.vllm.url or cfg.vllm.server_python:
+        return _server_sampler(merged, model_dir, base, cfg.vllm, security, model_cfg)
+    return VLLMSampler(merged or model_dir, cfg.gpu_memory_utilization, security, base, model_cfg, cfg.vllm)
 
 
 def _server_sampler(merged: Path | None, model_dir, base, cfg: VllmConfig, security: SecurityConfig,
@@ -264,13 +271,10 @@ def _server_sampler(merged: Path | None, model_dir, base, cfg: VllmConfig, secur
     """A vLLM server's client: the server at `cfg.url`, or one started here with `cfg.server_python`
     on the merged model (the engine dir's copy, else a merge made now into a temporary dir)."""
     from self_improve.engines.vllm_server import VLLMServer, VLLMServerSampler
-    from self_improve.models.loading import export_merged
 
     tmp = None
     if merged is None:
-        tmp = tempfile.TemporaryDirectory(prefix="self-improve-vllm-")
-        merged = Path(tmp.name) / "model"
-        export_merged(model_dir, base, merged, security, model_cfg)
+        merged, tmp = merged_copy(model_dir, base, security, model_cfg, always=True)
     if cfg.url:
         sampler = VLLMServerSampler(merged, cfg, url=cfg.url, security=security)
     else:

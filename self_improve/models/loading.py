@@ -14,6 +14,7 @@ import math
 import os
 import shutil
 import string
+import tempfile
 from pathlib import Path
 
 import torch
@@ -302,6 +303,21 @@ def export_merged(model_dir: str | Path, base: str | Path | None, out: str | Pat
     """A standalone HF directory (safetensors, tokenizer, generation config) of any pipeline model."""
     model, tokenizer = load_model(model_dir, device="cpu", security=security, base=base, model_cfg=model_cfg)
     save_model(model, tokenizer, out, prov or {"exported_from": str(model_dir), "base": str(base)})
+
+
+def merged_copy(model_dir: str | Path, base: str | Path | None, security: SecurityConfig = SecurityConfig(),
+                model_cfg: ModelConfig = ModelConfig(), always: bool = False
+                ) -> tuple[Path, tempfile.TemporaryDirectory | None]:
+    """A plain HF directory of a pipeline model, for an engine that loads one (vLLM, `vllm serve`):
+    `model_dir` itself when it is one (unless `always`), else its adapters merged onto `base` in a
+    temporary directory, returned with it (the copy lives as long as the caller keeps it)."""
+    model_dir = Path(model_dir)
+    if not always and not (model_dir / CHAIN_FILE).is_file() and not (model_dir / BASE_FILE).is_file():
+        return model_dir, None
+    tmp = tempfile.TemporaryDirectory(prefix="self-improve-merged-")
+    merged = Path(tmp.name) / "model"
+    export_merged(model_dir, base, merged, security, model_cfg)
+    return merged, tmp
 
 
 @torch.no_grad()
