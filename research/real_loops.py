@@ -1,8 +1,8 @@
 """Real-model loops, one DVC experiment each, with every finished result kept in git-trackable form.
 
     python -m research.real_loops --recipe smollm2-gym --judges scpo random --seeds 0 1 2 --out research/results/smollm2_gym_arms
-    python -m research.real_loops --recipe smollm2-v3 --judges verifier co_reward --seeds 0 1 2 --out reports/smollm2_v3
-    python -m research.real_loops --table --out reports/smollm2_v3   # only rebuild the tables from what has finished
+    python -m research.real_loops --recipe smollm2-v3 --judges verifier co_reward --seeds 0 1 2 --out research/results/smollm2_v3
+    python -m research.real_loops --table --out research/results/smollm2_v3   # only rebuild the tables from what has finished
     python -m research.real_loops --plain /tmp/loops --jobs 6 --out research/results/smollm2_v2_gpu \\
         -S sample.backend=hf --judges verifier --seeds 0 1 2   # without DVC, six loops at once (a GPU host)
 
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("-S", "--set-param", dest="sets", action="append", default=[],
                     help="one more override for every run, as `dvc exp run -S` takes it (repeatable)")
     ap.add_argument("--tag", default="", help="a prefix of every result's name (e.g. nft with -S train.algorithm=nft)")
-    ap.add_argument("--out", type=Path, required=True, help="where results go (e.g. reports/smollm2_v3)")
+    ap.add_argument("--out", type=Path, required=True, help="where results go (e.g. research/results/smollm2_v3)")
     ap.add_argument("--plain", type=Path, default=None, metavar="DIR",
                     help="run the stages without DVC, each loop in DIR/<name> (flows/plain.py): a machine without DVC")
     ap.add_argument("--jobs", type=int, default=1, help="with --plain: loops at once (one process each)")

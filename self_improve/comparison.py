@@ -160,7 +160,7 @@ def comparison(groups: dict[str, list[dict]], its: list[str], baseline: str = "d
 
 def baseline(groups: dict[str, list[dict]]) -> str:
     """What each variant is set against at the same seeds: the `default` variant of a seeds table; in
-    a judge table (reports/smollm2*/) without one, the oracle `verifier`, so the column says how far
+    a judge table (research/results/smollm2*/) without one, the oracle `verifier`, so the column says how far
     each label-free rule ends from a judge that is always right."""
     return "default" if "default" in groups or "verifier" not in groups else "verifier"
 
