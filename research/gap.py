@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
         result["judges"][str(temperature)] = {}
         for name in args.judges:
             cfg, pcfg = rule(name, params)
-            judge = cfg.judge
+            judge = cfg.entry
             if not model_based and (judge.needs_policy or cfg.frozen != FrozenJudge.none):
                 continue  # the model-based judges: at sample.temperature only
             ctx.template = (load_template(template_path(params.model_copy(update={"judge": cfg})))
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
             q = diagnose(judged, cfg, pcfg, judge.verdict, task.verify, derive_seed(params.seed, "pairs", "it1"))
             q["seconds"] = round(time.perf_counter() - t, 1)
             if cfg.inverse:  # how often an answer's inverse came back, for right and for wrong answers
-                q.update(inverse_rates(judged, ctx, "group_id" if cfg.judge.needs_rewrites else "prompt_id"))
+                q.update(inverse_rates(judged, ctx, "group_id" if cfg.entry.needs_rewrites else "prompt_id"))
             if cfg.method == "llm_judge" and cfg.mode == JudgeMode.yes_logprob:
                 # at it0 the frozen judge is the policy itself: its P(Yes) on these samples is this one
                 ctx._scores.setdefault("frozen_yes", [None if pd.isna(x) else float(x) for x in judged["reward"]])

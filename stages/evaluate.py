@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
             judgments = art.read_table(args.judgments, art.JUDGMENTS)
             pairs = art.read_table(args.pairs, art.PAIRS)
             metrics.update(iteration_metrics(judgments, pairs, art.read_table(args.sft, art.SFT), train,
-                                             params.judge.judge.verdict, task))
+                                             params.judge.entry.verdict, task))
             examples = {"judged": records(judged_examples(judgments)), "pairs": records(pair_examples(pairs)),
                         "datasets": {"pairs": dataset_record(args.pairs, pairs)}}
             if args.prompts:

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
             ttt=art.read_table(args.ttt, art.PROMPTS), heldout=art.read_table(args.heldout, art.PROMPTS),
             prev_judgments=prev, curriculum=state,
             seed_data=art.read_table(args.seed_data, art.SFT) if n_seed else None, seed_prompts=n_seed,
-            rewrites=params.judge.judge.needs_rewrites,
+            rewrites=params.judge.entry.needs_rewrites,
             writer=model_writer(writer_model, params, seed, args.base),
         )
         df = task.propose(inp)

@@ -41,8 +41,8 @@ def _args(p: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> None:
     def body(args: argparse.Namespace, params: Params) -> None:
         cfg = params.judge.model_copy(update={"min_share": params.min_share(args.iteration)})  # the rising gate
-        judge = cfg.judge  # its entry of the judge table
-        consistency = params.train.method.consistency  # CREAM's, stored for the train stage
+        judge = cfg.entry  # its entry of the judge table
+        consistency = params.train.entry.consistency  # CREAM's, stored for the train stage
         roles = needs(cfg, consistency)
         models = {}
         if roles:

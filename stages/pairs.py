@@ -32,11 +32,11 @@ def main(argv: list[str] | None = None) -> None:
         if args.bstar:
             cfg = cfg.model_copy(update={"sft_min_reward": float(art.read_json(args.bstar)["threshold"])})
         pairs, best = build(judgments, cfg, seed)
-        if params.train.method.reference_pairs:
+        if params.train.entry.reference_pairs:
             pairs = spin_pairs(judgments, seed)
         outs = [args.pairs, args.sft, args.groups]
         prov = stage_provenance("pairs", args.iteration, params, PARAMS, outs)
-        prov["spin"] = params.train.method.reference_pairs  # the seed data's reference answers as chosen
+        prov["spin"] = params.train.entry.reference_pairs  # the seed data's reference answers as chosen
         prov["sft_min_reward"] = cfg.sft_min_reward  # the one used: the params', or B-STaR's choice
         art.write_table(pairs, args.pairs, art.PAIRS, prov)
         art.write_table(best, args.sft, art.SFT, prov)

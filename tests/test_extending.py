@@ -61,7 +61,7 @@ def test_a_judge_added_by_a_plugin_is_a_judge_method(brevity_plugin, tiny_raw):
     over = yaml.safe_load(snippet)
     assert over["plugins"] == ["plugins.brevity"] and over["judge"] == {"method": "brevity"}
     params = parse_params(deep_merge(tiny_raw, {**over, "plugins": [brevity_plugin]}))
-    assert params.judge.method == "brevity" and "brevity" in JUDGES and not params.judge.judge.verdict
+    assert params.judge.method == "brevity" and "brevity" in JUDGES and not params.judge.entry.verdict
     with pytest.raises(ConfigError, match="unknown judge 'brevit'.*brevity"):
         parse_params(deep_merge(tiny_raw, {"plugins": [brevity_plugin], "judge": {"method": "brevit"}}))
     with pytest.raises(ConfigError, match="plugins: cannot import no_such_plugin"):
@@ -99,7 +99,7 @@ def test_an_algorithm_added_by_a_plugin_trains_with_its_loss(hinge_plugin, tiny_
     from self_improve.training.trainers import PreferenceTrainer, RunContext
 
     params = parse_params(deep_merge(tiny_raw, {"plugins": [hinge_plugin], "train": {"algorithm": "hinge"}}))
-    assert params.train.method.family == "preference" and params.train.method.nll
+    assert params.train.entry.family == "preference" and params.train.entry.nll
     hinge_loss = importlib.import_module(hinge_plugin).hinge_loss
     pc, pr = torch.tensor([-1.0, -3.0]), torch.tensor([-2.0, -1.0])
     rc, rr = torch.tensor([-1.5, -2.0]), torch.tensor([-1.5, -2.0])

@@ -138,10 +138,10 @@ class Params(_Section):
             seen.add(name)
         if self.task.entry.math and self.task.columns and "answer" not in self.task.columns:
             raise ValueError(f"task.columns: {self.task.name} needs `answer` (the file's gold answer column)")
-        if self.train.method.reference_pairs and self.evolve.seed_prompts == 0:
+        if self.train.entry.reference_pairs and self.evolve.seed_prompts == 0:
             raise ValueError(f"train.algorithm {self.train.algorithm} needs evolve.seed_prompts > 0: it pairs the "
                              "seed data's reference answers with the model's own samples")
-        if self.sample.bstar.enabled and (self.judge.judge.runs_model or self.judge.frozen != FrozenJudge.none):
+        if self.sample.bstar.enabled and (self.judge.entry.runs_model or self.judge.frozen != FrozenJudge.none):
             raise ValueError(f"sample.bstar.enabled: the sweep selects samples by the judge's reward from the "
                              f"answers alone; judge.method {self.judge.method} (or judge.frozen) runs a "
                              "model: use a vote judge or the verifier")
@@ -151,7 +151,7 @@ class Params(_Section):
         """Seed-data prompts per iteration (evolve.seed_prompts, or its default)."""
         if self.evolve.seed_prompts is not None:
             return self.evolve.seed_prompts
-        return self.train.method.seed_prompts
+        return self.train.entry.seed_prompts
 
     def min_share(self, iteration: str) -> float:
         """judge.min_share at `iteration`: risen by min_share_step for every iteration after it1."""

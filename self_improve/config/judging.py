@@ -110,23 +110,23 @@ class JudgeConfig(_Section):
     )
 
     @property
-    def judge(self):
+    def entry(self):
         """This method's entry of the judge table (self_improve/config/judges.py)."""
         return judge_of(self.method)
 
     @model_validator(mode="after")
     def _vote_options(self) -> "JudgeConfig":
         votes = ", ".join(name for name, j in JUDGES.items() if j.votes)
-        if self.inverse and not self.judge.votes:
+        if self.inverse and not self.entry.votes:
             raise ValueError(f"inverse: weighs the votes of a vote judge ({votes}), not {self.method}")
-        if self.frozen != FrozenJudge.none and not self.judge.votes:
+        if self.frozen != FrozenJudge.none and not self.entry.votes:
             raise ValueError(f"frozen: weighs the votes of a vote judge ({votes}), not {self.method}")
         if self.frozen_mix > 0 and self.frozen == FrozenJudge.none:
             raise ValueError("frozen_mix: mixes the frozen judge's weights; set frozen (yes_logprob) too")
-        if self.low_consensus != LowConsensus.skip and not self.judge.votes:
+        if self.low_consensus != LowConsensus.skip and not self.entry.votes:
             raise ValueError(f"low_consensus: penalises the prompts without a vote label, which "
                              f"{self.method} does not give")
-        if self.cross_view != CrossView.pooled and not self.judge.needs_rewrites:
+        if self.cross_view != CrossView.pooled and not self.entry.needs_rewrites:
             raise ValueError(f"cross_view: {self.cross_view.value} compares co_reward's wordings (a judge that "
                              f"reads rewrites), not {self.method}")
         return self

@@ -83,7 +83,7 @@ class TrainConfig(_Section):
     checkpoint_every: int = Field(50, ge=0, description="steps between resumable checkpoints (0: none)")
 
     @property
-    def method(self):
+    def entry(self):
         """This algorithm's entry of the algorithm table (self_improve/config/algorithms.py)."""
         return algorithm_of(self.algorithm)
 

@@ -62,7 +62,7 @@ def needs(cfg: JudgeConfig, consistency: bool = False) -> set[str]:
     """The models judging with `cfg` needs, from the judge table: `policy` (the model that sampled: a
     judge that scores with it, or inverse problems), `reference` (the model before it: implicit
     reward, CREAM's consistency), `frozen` (judge.frozen: the base, adapters off)."""
-    judge = cfg.judge
+    judge = cfg.entry
     out = set()
     if judge.needs_policy or cfg.inverse:
         out.add("policy")
@@ -102,7 +102,7 @@ def context(params, models: dict[str, ModelHandle], *, task=None, seed: int = 0,
     rule it scores, so that their log-prob scores are computed once."""
     cfg = cfg or params.judge
     frozen = cfg.frozen != FrozenJudge.none
-    ctx = JudgeContext(template=_template(params) if cfg.judge.needs_template else None,
+    ctx = JudgeContext(template=_template(params) if cfg.entry.needs_template else None,
                        frozen_template=_template(params, "correct_template") if frozen else None,
                        seed=seed, policy=models.get("policy"), reference=models.get("reference"),
                        frozen=models.get("frozen"), **_limits(params))

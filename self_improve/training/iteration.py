@@ -60,7 +60,7 @@ def nft_data(groups: pd.DataFrame, threshold: float) -> pd.DataFrame:
 
 
 def training_size(cfg: TrainConfig, pairs: pd.DataFrame, sft: pd.DataFrame, groups: pd.DataFrame) -> int:
-    family = cfg.method.family
+    family = cfg.entry.family
     if family == "sft":
         return len(sft)
     if family == "grpo":
@@ -122,7 +122,7 @@ def train(model, tokenizer, pairs: pd.DataFrame, sft: pd.DataFrame, groups: pd.D
     sched = Schedule(cfg.lr, steps, warmup_steps=max(0, min(10, n, steps - 1)))
     ctx = RunContext(tokenizer, sched, cfg.batch_size, seed, cfg.micro, cfg.max_grad_norm, accelerator,
                      checkpoints, chat, max_length, torch.bfloat16 if cfg.bf16 else None)
-    out = TRAINERS[cfg.method.family](ctx, cfg, model, pairs, sft, groups)
+    out = TRAINERS[cfg.entry.family](ctx, cfg, model, pairs, sft, groups)
     if n == 0:
         log.warning("no training data this iteration: the model is passed on unchanged")
     full_state = None
