@@ -37,7 +37,7 @@ worker: install  ## a Prefect worker that runs the pool's loop runs on this mach
 serve: install  ## serve the loop as a deployment for the Prefect UI (needs PREFECT_API_URL of a running server)
 	$(VENV)/bin/self-improve serve
 
-test: install  ## the default suite: units and the in-process pipeline on the tiny model (4-10 min on 2 cores)
+test: install  ## the default suite: units and the in-process pipeline on the tiny model (6-12 min on 2 cores by machine)
 	$(PY) -m pytest
 
 test-unit: install  ## the fast tier: units only, no whole loops (about a minute)
