@@ -291,14 +291,17 @@ def precision(model_dir: Path, prompts: list[str], responses: list[str], tmp: Pa
     """The train stage at micro-batch 8 in float32 under the AVX2 pins (the default), in float32 with
     the CPU's own kernels, and with train.bf16 on them (AMX where the CPU has it): seconds, speed-up
     over the default, and each run's first loss (mixed precision should leave it near float32's).
-    The full bf16 run is skipped, and said so, on a CPU without bfloat16 instructions (`bf16` runs it
+    The full bf16 run is skipped, and said so, on a CPU-only machine without bfloat16 instructions (`bf16` runs it
     anyway): emulated there, it measures nothing a user would choose and takes most of the command."""
+    import torch
+
     from self_improve.cpu import cpu_flags
 
     flags = cpu_flags()
     variants = [("pinned_float32", False, False), ("native_float32", False, True)]
     skipped = {}
-    if bf16 or size is QUICK or BF16_FLAGS & flags:  # quick: every path, at sizes where emulation costs little
+    # quick: every path, at sizes where emulation costs little; a GPU trains the stage in bf16 itself
+    if bf16 or size is QUICK or BF16_FLAGS & flags or torch.cuda.is_available():
         variants.append(("native_bf16", True, True))
     else:  # emulated: 24x float32's time on an AVX2-only CPU (docs/speed.md)
         skipped["native_bf16"] = f"no bfloat16 instructions in this CPU ({' / '.join(sorted(BF16_FLAGS))}); --bf16 runs it"
