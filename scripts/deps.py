@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import re
 import sys
 from pathlib import Path
@@ -37,9 +38,21 @@ NOTES = {"self_improve/__init__.py": "pins the CPU kernels",
          PLUGINS: "the modules params.yaml's `plugins` imports"}
 
 
+@functools.lru_cache(maxsize=None)
+def _tree(path: str, mtime_ns: int, size: int) -> ast.Module:
+    return ast.parse(Path(path).read_text())
+
+
+def parse(path: Path) -> ast.Module:
+    """The file's syntax tree, parsed once while the file is unchanged (every stage's closure
+    walks mostly the same modules)."""
+    st = path.stat()
+    return _tree(str(path), st.st_mtime_ns, st.st_size)
+
+
 def defines_something(path: Path) -> bool:
     """False for a package's __init__.py that holds only its docstring: importing it runs nothing."""
-    body = ast.parse(path.read_text()).body
+    body = parse(path).body
     return any(not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)) for n in body)
 
 
@@ -70,8 +83,14 @@ def imported_names(mod: Path, node: ast.AST, root: Path = ROOT) -> list[str]:
 
 def table_refs(table: Path) -> list[str]:
     """The modules a table's entries name as "module:function"."""
-    return [m.group(1) for node in ast.walk(ast.parse(table.read_text()))
+    return [m.group(1) for node in ast.walk(parse(table))
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and (m := REF.match(node.value))]
+
+
+@functools.lru_cache(maxsize=None)
+def _names(path: str, mtime_ns: int, size: int, root: Path) -> tuple[str, ...]:
+    mod = Path(path)
+    return tuple(name for node in ast.walk(parse(mod)) for name in imported_names(mod, node, root))
 
 
 def imports(path: Path, root: Path = ROOT) -> set[str]:
@@ -81,7 +100,8 @@ def imports(path: Path, root: Path = ROOT) -> set[str]:
     todo = [path]
     while todo:
         mod = todo.pop()
-        names = [name for node in ast.walk(ast.parse(mod.read_text())) for name in imported_names(mod, node, root)]
+        st = mod.stat()
+        names = list(_names(str(mod), st.st_mtime_ns, st.st_size, root))
         table = TABLE_RUNNERS.get(str(mod.relative_to(root)))
         if table is not None:
             names += table_refs(root / table)
