@@ -70,7 +70,7 @@ def forward_rate(model) -> float:
 # the sizes of each step: the full run, and --quick's few prompts and short answers
 FULL = {"prompts": 64, "singles": 8, "new_tokens": 32, "engine_new_tokens": 48, "k": 8, "micro": (8, 64),
         "batch": 64, "epochs": 2}
-QUICK = {"prompts": 8, "singles": 2, "new_tokens": 8, "engine_new_tokens": 8, "k": 2, "micro": (4, 8),
+QUICK = {"prompts": 8, "singles": 2, "new_tokens": 8, "engine_new_tokens": 8, "k": 2, "micro": (8,),
          "batch": 8, "epochs": 1}
 
 
@@ -287,12 +287,14 @@ BF16_FLAGS = {"amx_bf16", "avx512_bf16"}  # the CPU instructions that compute in
 
 
 def precision(model_dir: Path, prompts: list[str], responses: list[str], tmp: Path, size: dict = FULL,
-              bf16: bool = False) -> dict:
+              bf16: bool = False, pinned: dict | None = None) -> dict:
     """The train stage at micro-batch 8 in float32 under the AVX2 pins (the default), in float32 with
     the CPU's own kernels, and with train.bf16 on them (AMX where the CPU has it): seconds, speed-up
     over the default, and each run's first loss (mixed precision should leave it near float32's).
     The full bf16 run is skipped, and said so, on a CPU-only machine without bfloat16 instructions (`bf16` runs it
-    anyway): emulated there, it measures nothing a user would choose and takes most of the command."""
+    anyway): emulated there, it measures nothing a user would choose and takes most of the command.
+    `pinned`: a run of the same stage already made at micro-batch size["micro"][0] (the memory step's
+    first), taken as the float32 pinned run instead of training it again."""
     import torch
 
     from self_improve.cpu import cpu_flags
@@ -305,8 +307,9 @@ def precision(model_dir: Path, prompts: list[str], responses: list[str], tmp: Pa
         variants.append(("native_bf16", True, True))
     else:  # emulated: 24x float32's time on an AVX2-only CPU (docs/speed.md)
         skipped["native_bf16"] = f"no bfloat16 instructions in this CPU ({' / '.join(sorted(BF16_FLAGS))}); --bf16 runs it"
-    runs = {name: train_stage(model_dir, prompts, responses, size["micro"][0], tmp, bf16=use_bf16, native=native,
-                              batch=size["batch"], epochs=size["epochs"])
+    runs = {name: dict(pinned) if name == "pinned_float32" and pinned is not None else
+            train_stage(model_dir, prompts, responses, size["micro"][0], tmp, bf16=use_bf16, native=native,
+                        batch=size["batch"], epochs=size["epochs"])
             for name, use_bf16, native in variants}
     base = runs["pinned_float32"]["stage_seconds"]
     for run in runs.values():
@@ -396,7 +399,7 @@ def main(argv: list[str] | None = None) -> None:
                                        epochs=size["epochs"]) for m in size["micro"]]
         # its own folder: the memory runs above already used train-micro8 in this one
         result["train_precision"] = precision(model_dir, prompts, responses, Path(tmp) / "precision", size,
-                                               bf16=args.bf16)
+                                               bf16=args.bf16, pinned=result["train"][0])
     print(json.dumps(result["train"]), flush=True)
     print(json.dumps(result["train_precision"]), flush=True)
     if args.loop_timings and args.loop_seconds:
