@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: vllm-env vllm-server install loop seeds variants loop-smollm2 loops-smollm2 gap-smollm2 lengths-smollm2 gym-levels-smollm2 print-smol-recipe flow deploy worker serve test test-unit test-e2e test-slow smollm2 bench bench-real bench-quick bench-real-quick mlflow-ui mlflow-server mlflow-resend clean-state
+.PHONY: vllm-env vllm-server install loop seeds variants loop-smollm2 loops-smollm2 gap-smollm2 lengths-smollm2 gym-levels-smollm2 print-smol-recipe flow deploy worker serve test test-unit test-e2e test-e2e-ci test-slow test-slow-ci smollm2 bench bench-real bench-quick bench-real-quick mlflow-ui mlflow-server mlflow-resend clean-state
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -43,11 +43,17 @@ test: install  ## the default suite: units and the in-process pipeline on the ti
 test-unit: install  ## the fast tier: units only, no whole loops (about a minute)
 	$(PY) -m pytest -m unit
 
-test-e2e: install  ## real `dvc repro`, kills, bad params, MLflow and Prefect runs on a tiny config (52 min where make test takes 9)
+test-e2e: install  ## real `dvc repro`, kills, bad params, MLflow and Prefect runs on a tiny config (52 min where make test takes 12)
 	$(PY) -m pytest -m e2e
 
-test-slow: install  ## the real-model tests: a one-iteration loop on SmolLM2-135M-Instruct (run `make smollm2` first)
+test-e2e-ci: install  ## the e2e tier less the tests that run a whole extra loop (marker heavy): what CI runs
+	$(PY) -m pytest -m "e2e and not heavy"
+
+test-slow: install  ## the real-model tests: a one-iteration loop on SmolLM2-135M-Instruct, vLLM, CoMAS (run `make smollm2` first)
 	$(PY) -m pytest -m slow
+
+test-slow-ci: install  ## the real-model tests less CoMAS's (marker heavy): what CI runs
+	$(PY) -m pytest -m "slow and not heavy"
 
 # The real-model recipes: word problems at SmolLM2-135M's level (see README, Real tasks on a real model).
 # The SmolLM2-135M-Instruct recipes are files, configs/recipes/<RECIPE>.yaml (smollm2-v3: sized to see 5

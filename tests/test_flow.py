@@ -24,6 +24,7 @@ def prefect_harness():
         yield
 
 
+@pytest.mark.heavy  # a whole loop through Prefect: `make test-e2e`, not CI (the worker test runs one)
 def test_flow_runs_every_stage_as_a_task(tmp_path, prefect_harness, monkeypatch):
     from prefect.client.orchestration import get_client
 
@@ -112,6 +113,7 @@ def test_a_second_flow_on_the_same_workspace_is_refused(tmp_path, prefect_harnes
     assert not (tmp_path / "data" / "task").exists()  # nothing ran
 
 
+@pytest.mark.heavy  # a whole loop through Prefect: `make test-e2e`, not CI (the worker test runs one)
 def test_the_comas_flow_runs_its_stages_with_an_override_as_an_experiment(tmp_path, prefect_harness, bpe_model_dir):
     """CoMAS's flow: the loop's base stages and comas/dvc.yaml's, each a task, in a worktree (an
     override given) that ends as a DVC experiment; the working copy is untouched."""

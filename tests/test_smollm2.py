@@ -149,6 +149,7 @@ def test_a_loop_iteration_samples_through_a_vllm_server(tmp_path, monkeypatch):
     assert runs[0].groupby("prompt_id")["response"].nunique().max() > 1  # temperature 0.7: not all alike
 
 
+@pytest.mark.heavy  # `make test-slow`, not CI: CoMAS's stages run in make test and make test-e2e on tiny models
 def test_comas_iteration_on_smollm2(tmp_path, monkeypatch):
     """CoMAS on the real chat model: two agents discuss (solve, evaluate, score), each is trained on its
     own rewards as its own adapter, and each is evaluated against it0; every stage CoMAS's DAG runs."""
