@@ -14,7 +14,7 @@
 Figures go to the JSON file given by --out; the last line printed sums up the targets.
 
 `--quick` (`make bench-quick`, what CI runs) does every step on the test suite's tiny sizes (a few
-prompts, one short iteration's worth of work each) into a temporary file: it proves the command
+prompts, one short iteration's worth of work each; the loop and the flow with one iteration) into a temporary file: it proves the command
 completes from a fresh clone, not how fast it is, so no target is checked.
 """
 
@@ -81,13 +81,14 @@ def _split(rows: list[dict], wall: float, outside: str) -> dict:
 
 
 def clone_quick(dest: Path) -> Path:
-    """A fresh clone whose params.yaml carries QUICK."""
+    """A fresh clone whose params.yaml carries QUICK, with one iteration (every stage of the loop once)."""
     import yaml
 
     from self_improve import recipes
 
     work = clone(dest)
     raw = yaml.safe_load((work / "params.yaml").read_text())
+    raw["loop"] = {"it1": {"prev": "it0", "ref": "init"}}
     (work / "params.yaml").write_text(yaml.safe_dump(recipes.apply(raw, QUICK), sort_keys=False))
     return work
 
