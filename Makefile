@@ -46,13 +46,13 @@ test-unit: install  ## the fast tier: units only, no whole loops (about a minute
 test-e2e: install  ## real `dvc repro`, kills, bad params, MLflow and Prefect runs on a tiny config (52 min where make test takes 12)
 	$(PY) -m pytest -m e2e
 
-test-e2e-ci: install  ## the e2e tier less the tests that run a whole extra loop (marker heavy): what CI runs
+test-e2e-ci: install  ## the e2e tier less the tests that run a whole extra loop (marker heavy): what CI runs (22 min where make test takes 10)
 	$(PY) -m pytest -m "e2e and not heavy"
 
 test-slow: install  ## the real-model tests: a one-iteration loop on SmolLM2-135M-Instruct, vLLM, CoMAS (run `make smollm2` first)
 	$(PY) -m pytest -m slow
 
-test-slow-ci: install  ## the real-model tests less CoMAS's (marker heavy): what CI runs
+test-slow-ci: install  ## the real-model tests less CoMAS's (marker heavy): what CI runs (12 min there)
 	$(PY) -m pytest -m "slow and not heavy"
 
 # The real-model recipes: word problems at SmolLM2-135M's level (see README, Real tasks on a real model).
