@@ -459,7 +459,8 @@ def test_served_deployment_triggered_with_an_override(repo, prefect_server):
         pytest.skip("headless Chromium not installed (apt-get install chromium)")
     url = f"http://127.0.0.1:{port}/runs/flow-run/{run.id}"
     dom = browse(chromium(), url, "--dump-dom")
-    assert run.name in dom and "self-improve" in dom and "it1-sample" in dom, dom[-2000:]
+    # a stage task's name in the run's logs; which stage the logs' first rendered chunk reaches varies
+    assert run.name in dom and "self-improve" in dom and re.search(r"\bit1-[a-z]+", dom), dom[-2000:]
     out = work / "reports" / "prefect_flow_run.png"
     browse(chromium(), url, f"--screenshot={out}")
     assert out.read_bytes().startswith(b"\x89PNG") and out.stat().st_size > 10_000
