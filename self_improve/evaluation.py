@@ -287,6 +287,19 @@ def vote_signals(judgments: pd.DataFrame) -> dict[str, float | None]:
             "cross_view_agreement": float(np.mean(agree)) if agree else None}
 
 
+def label_coverage_by_category(judgments: pd.DataFrame) -> dict[str, float]:
+    """`label_coverage/<category>`: per category, the share of its prompts with a pseudo-label (what
+    judge.category_gate reads; a masked category reads 0). Label-free: no gold is read."""
+    if judgments.empty or judgments["label"].isna().all():
+        return {}
+    per_prompt = judgments.drop_duplicates("prompt_id")
+    cats = per_prompt["category"].fillna("(none)")
+    if cats.nunique() < 2:
+        return {}
+    got = per_prompt["label"].notna().groupby(cats).mean()
+    return {f"label_coverage/{metric_name(c)}": float(v) for c, v in sorted(got.items())}
+
+
 def iteration_metrics(judgments: pd.DataFrame, pairs: pd.DataFrame, sft: pd.DataFrame, train: dict,
                       verdict: bool = True, task: Task | None = None) -> dict:
     q = judge_quality(judgments, verdict, *([task.verify] if task is not None else []))
@@ -323,5 +336,6 @@ def iteration_metrics(judgments: pd.DataFrame, pairs: pd.DataFrame, sft: pd.Data
         "invalid_share": float((~valid.astype(bool)).mean()) if len(valid) else None,
         "frozen_yes": float(frozen.mean()) if len(frozen) else None,
         **vote_signals(judgments),
+        **label_coverage_by_category(judgments),
         **{k: v for k, v in train.items() if isinstance(v, (int, float))},
     }

@@ -264,6 +264,33 @@ def test_low_consensus_prompts_are_skipped_or_penalised():
         JudgeConfig(method="self_certainty", low_consensus="penalise")
 
 
+def test_a_category_where_few_prompts_have_a_majority_gives_no_labels():
+    def of(cat, pid, preds):
+        return _samples(preds, prompt_id=pid).assign(category=cat)
+
+    s = pd.concat([
+        of("add", "a1", ["12", "12", "12", "9"]), of("add", "a2", ["12", "12", "9", "9", "12"]),
+        of("sub", "s1", ["12", "12", "12", "9"]),  # a majority, but its category's other two have none
+        of("sub", "s2", ["1", "2", "3", "4"]), of("sub", "s3", ["5", "6", "7", "12"]),
+    ], ignore_index=True)
+    open_ = judge_samples(s, JudgeConfig(method="vote_share", min_share=0.5))
+    assert set(open_.dropna(subset=["label"])["prompt_id"]) == {"a1", "a2", "s1"}
+    gated = judge_samples(s, JudgeConfig(method="vote_share", min_share=0.5, category_gate=0.5))
+    assert set(gated.dropna(subset=["label"])["prompt_id"]) == {"a1", "a2"}  # sub: 1 of 3 labelled < 0.5
+    assert gated.loc[gated["category"] == "sub", "reward"].isna().all()
+    assert list(gated["reward"][:4]) == list(open_["reward"][:4])  # a certain category is as it was
+    assert pairs_of(gated) == {"a1", "a2"}
+    low = judge_samples(s, JudgeConfig(method="vote_share", min_share=0.5, category_gate=0.3))
+    assert set(low.dropna(subset=["label"])["prompt_id"]) == {"a1", "a2", "s1"}  # 1/3 >= 0.3
+    # RESTRAIN's penalty stays with the prompts that had no majority; a masked category is skipped
+    pen = judge_samples(s, JudgeConfig(method="majority_vote", min_share=0.5, category_gate=0.5,
+                                       low_consensus="penalise"))
+    assert pen.loc[pen["prompt_id"] == "s1", "reward"].isna().all()
+    assert pen.loc[pen["prompt_id"].isin(["s2", "s3"]), "penalised"].all()
+    with pytest.raises(ValueError, match="category_gate"):
+        JudgeConfig(method="random", category_gate=0.5)
+
+
 def pairs_of(judged):
     out, _ = build(judged, PairsConfig(), seed=0)
     return set(out["prompt_id"])

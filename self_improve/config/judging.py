@@ -59,6 +59,12 @@ class JudgeConfig(_Section):
         0.0, ge=0, le=1, description="the gate rises by this every iteration: min(1, min_share + (N - 1) x step) "
         "at itN (a gate that may rise as the policy grows more certain)",
     )
+    category_gate: float = Field(
+        0.0, ge=0, le=1, description="vote judges: a category (task's operation, dataset) whose share of prompts "
+        "with a label is under this gives no labels at all this iteration (0: off); the labels of a category "
+        "where the vote is rarely certain are the ones most often wrong (CuMa's masking of prompts without a "
+        "clear majority, per category; a category joins once the policy agrees with itself on enough of it)",
+    )
     low_consensus: LowConsensus = Field(
         LowConsensus.skip, description="vote judges, prompts with no label (under the gate, a tie, no answer): "
         "skip (no verdict) or penalise (RESTRAIN: reward 0 for every sample, kept as `penalised`; grpo gives "
@@ -123,6 +129,8 @@ class JudgeConfig(_Section):
             raise ValueError(f"frozen: weighs the votes of a vote judge ({votes}), not {self.method}")
         if self.frozen_mix > 0 and self.frozen == FrozenJudge.none:
             raise ValueError("frozen_mix: mixes the frozen judge's weights; set frozen (yes_logprob) too")
+        if self.category_gate > 0 and not self.entry.votes:
+            raise ValueError(f"category_gate: gates the labels of a vote judge ({votes}), not {self.method}")
         if self.low_consensus != LowConsensus.skip and not self.entry.votes:
             raise ValueError(f"low_consensus: penalises the prompts without a vote label, which "
                              f"{self.method} does not give")

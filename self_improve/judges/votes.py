@@ -1,5 +1,5 @@
 """The vote judges (majority_vote, co_reward, vote_share) and the label-free rules they take: the
-min_share gate and its low-consensus handling, Self-Harmony's cross-view label, the validity check,
+min_share gate and its low-consensus handling, the gate of a whole category, Self-Harmony's cross-view label, the validity check,
 the frozen judge's weights, the inverse problems' check (judges/inverse.py)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Callable, Optional
 import pandas as pd
 
 from self_improve.config import CrossView, FrozenJudge, JudgeConfig, LowConsensus
-from self_improve.judges.base import JudgeContext, Verdicts
+from self_improve.judges.base import JudgeContext, Verdicts, category
 from self_improve.judges.inverse import inverse_checks
 from self_improve.judges.model import frozen_yes
 
@@ -59,6 +59,20 @@ def vote_label(preds: list[str | None], min_share: float) -> str | None:
     return top_answer(answer_scores(preds), min_share)
 
 
+def uncertain_categories(samples: pd.DataFrame, key: str, tops: dict[str, str | None], gate: float) -> set:
+    """The categories where fewer than `gate` of the prompts (groups, by `key`) have a label: the vote
+    is not certain enough there for any of its labels to be trained on (CuMa's masking of prompts
+    without a clear majority, at the level of a category; a category joins once the policy agrees
+    with itself on enough of its problems). Reads only the votes and the question's category."""
+    if gate <= 0 or "category" not in samples:
+        return set()
+    first = samples.drop_duplicates(key).set_index(key)["category"]
+    labelled: dict = {}
+    for k, top in tops.items():
+        labelled.setdefault(category(first.get(k)), []).append(top is not None)
+    return {c for c, got in labelled.items() if sum(got) / len(got) < gate}
+
+
 def _vote_by(key: str, share_reward: bool = False) -> Callable[[pd.DataFrame, JudgeConfig, JudgeContext], Verdicts]:
     """Vote judges over the samples sharing `key`: the label is the top answer (by vote share, by
     Self-Harmony's cross-view score for co_reward with cross_view harmonic, times the frozen judge's
@@ -77,7 +91,8 @@ def _vote_by(key: str, share_reward: bool = False) -> Callable[[pd.DataFrame, Ju
         for i, k in enumerate(samples[key]):
             positions.setdefault(k, []).append(i)
         variants = list(samples["variant"]) if harmonic else None
-        for idx in positions.values():
+        tops: dict[str, tuple[str | None, dict[str, float]]] = {}
+        for k, idx in positions.items():
             ps = [preds[i] for i in idx]
             fz = [frozen[i] for i in idx] if frozen is not None else None
             shares = answer_scores(ps)
@@ -86,16 +101,20 @@ def _vote_by(key: str, share_reward: bool = False) -> Callable[[pd.DataFrame, Ju
                 weights = frozen_weights(ps, fz)
                 scores = {a: s * weights.get(a, 0.0) for a, s in scores.items()}
             if checked is not None:  # self-verification: an answer whose inverse does not come back weighs less
-                group = samples[key].iloc[idx[0]]
-                scores = {a: s * (cfg.inverse_weight if checked.get((group, a)) == 0.0 else 1.0)
+                scores = {a: s * (cfg.inverse_weight if checked.get((k, a)) == 0.0 else 1.0)
                           for a, s in scores.items()}
             top = top_answer(scores, cfg.min_harmony) if harmonic else top_answer(scores, cfg.min_share, shares)
-            if top is None:
-                if penalise:  # RESTRAIN: a prompt without a trustworthy majority: every sample wrong
+            tops[k] = (top, scores)
+        masked = uncertain_categories(samples, key, {k: t for k, (t, _) in tops.items()}, cfg.category_gate)
+        for k, idx in positions.items():
+            top, scores = tops[k]
+            if top is None or (masked and category(samples["category"].iloc[idx[0]]) in masked):
+                if penalise and top is None:  # RESTRAIN: a prompt without a trustworthy majority: every sample wrong
                     for i in idx:
                         reward[i], penalised[i] = 0.0, True
                 continue
-            for i, p in zip(idx, ps):
+            for i in idx:
+                p = preds[i]
                 label[i] = top
                 reward[i] = scores.get(p, 0.0) if share_reward else (1.0 if p == top else 0.0)
         return Verdicts(reward, label, penalised=penalised)
