@@ -190,11 +190,19 @@ RULES = [*recipes.rules(ROOT), "llm_judge:yes_logprob"]
 
 
 def rule_overrides(name: str, root: Path = ROOT) -> dict[str, object]:
-    """A judge as dotted params overrides: a rule recipe (configs/rules/), or `method[:mode]`."""
+    """A judge as dotted params overrides: a rule recipe (configs/rules/), or `method[:mode]`; either
+    with `@key=value,...` after it for a sweep (`scpo+category_gate@judge.category_gate=0.3`)."""
+    name, _, tail = name.partition("@")
+    extra = {}
+    for kv in filter(None, tail.split(",")):
+        key, eq, value = kv.partition("=")
+        if not eq or "." not in key:
+            raise SystemExit(f"rule {name}@{tail}: {kv!r} is not section.key=value")
+        extra[key] = yaml.safe_load(value)
     if (root / recipes.RULES / f"{name}.yaml").is_file():
-        return recipes.load(root / recipes.RULES / f"{name}.yaml")
+        return recipes.load(root / recipes.RULES / f"{name}.yaml") | extra
     method, _, mode = name.partition(":")
-    return {"judge.method": method, **({"judge.mode": mode} if mode else {})}
+    return {"judge.method": method, **({"judge.mode": mode} if mode else {})} | extra
 
 
 SET_NAMES = {"dev": "dev", "heldout": "held-out"}  # the set a diagnosis read (reports kept before --on: held-out)

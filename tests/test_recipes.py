@@ -154,6 +154,11 @@ def test_rules_are_recipes_that_compose_with_a_setup_left_to_right():
     # later wins; a bare judge.method[:mode] still names a judge with no rule file
     assert recipes.load_all(["scpo", "majority_vote"], ROOT)["judge.method"] == "majority_vote"
     assert rule_overrides("llm_judge:yes_logprob", ROOT) == {"judge.method": "llm_judge", "judge.mode": "yes_logprob"}
+    # a sweep point of the diagnosis: a rule with one key set after `@`
+    assert rule_overrides("scpo+category_gate@judge.category_gate=0.3", ROOT) == {
+        "judge.method": "vote_share", "judge.min_share": 0.5, "judge.category_gate": 0.3, "pairs.weight": "margin"}
+    with pytest.raises(SystemExit, match="section.key=value"):
+        rule_overrides("scpo@category_gate", ROOT)
     bad = subprocess.run([sys.executable, "-m", "self_improve.recipes", "smollm2-gym", "nope"],
                          cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode != 0 and "recipe nope" in bad.stderr and "Traceback" not in bad.stderr
