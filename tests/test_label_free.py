@@ -289,6 +289,11 @@ def test_a_category_where_few_prompts_have_a_majority_gives_no_labels():
     assert pen.loc[pen["prompt_id"].isin(["s2", "s3"]), "penalised"].all()
     with pytest.raises(ValueError, match="category_gate"):
         JudgeConfig(method="random", category_gate=0.5)
+    from self_improve.evaluation import label_coverage_by_category
+
+    assert label_coverage_by_category(gated) == {"label_coverage/add": 1.0, "label_coverage/sub": 0.0}
+    assert label_coverage_by_category(open_)["label_coverage/sub"] == pytest.approx(1 / 3)
+    assert label_coverage_by_category(gated.assign(category="add")) == {}  # one category: the overall figure
 
 
 def pairs_of(judged):
