@@ -59,8 +59,10 @@ KEYS = ("accuracy", "accuracy_se", "ttt_accuracy", "ttt_accuracy_se", "maj_accur
 
 
 # per category (a task's levels and operations, reasoning-gym's datasets): accuracy, the gain over it0 with
-# its paired interval; the shortcut floors and the gain over the best of them; the training mix
-PER_CATEGORY = ("accuracy/", "ttt_accuracy/", "accuracy_gain", "ttt_accuracy_gain", "floor", art.MIX_PREFIX)
+# its paired interval; the shortcut floors and the gain over the best of them; the training mix; the share
+# of prompts with a label (what judge.category_gate reads)
+PER_CATEGORY = ("accuracy/", "ttt_accuracy/", "accuracy_gain", "ttt_accuracy_gain", "floor", art.MIX_PREFIX,
+                "label_coverage")
 
 
 def kept(key: str) -> bool:
