@@ -55,6 +55,17 @@ def test_the_gain_that_counts_is_over_the_higher_of_it0_and_the_floor(tmp_path):
     assert not any(line.startswith("| random |") for line in controls.splitlines())  # a control is not set against controls
 
 
+def test_a_rule_is_set_against_the_kept_rules_it_extends(tmp_path):
+    _kept(tmp_path, "scpo", 0, it0=0.2, it3=0.25, floor=0.3, correct3=[1, 1, 0, 0, 0, 0, 0, 0])
+    _kept(tmp_path, "scpo+gate", 0, it0=0.2, it3=0.5, floor=0.3, correct3=[1, 1, 1, 1, 0, 0, 0, 0])
+    _kept(tmp_path, "random", 0, it0=0.2, it3=0.25, floor=0.3, correct3=[1, 0, 0, 0, 0, 0, 0, 0])
+    arms.write(tmp_path)
+    rows = [line for line in (tmp_path / "controls.md").read_text().splitlines() if line.startswith("| scpo")]
+    assert [r.split("|")[2].strip() for r in rows] == ["random", "random", "scpo"]
+    assert "+0.250" in rows[-1]  # 4 of 8 right against scpo's 2 of 8
+    assert arms.extended("a+b+c", {"a": [], "a+b": [], "a+c": []}) == ["a", "a+b"]
+
+
 def test_results_kept_before_categories_write_no_table(tmp_path):
     (tmp_path / "old-s0.json").write_text(json.dumps({"judge": "old", "seed": 0,
                                                        "metrics": {"it0": {"accuracy": 0.1}, "it1": {"accuracy": 0.2}}}))
