@@ -8,8 +8,8 @@ accuracy (mean +- sd over seeds), the shortcut floor (the best policy that reads
 self_improve/floors.py), the gain that counts (over max(it0, floor), per seed against whichever is
 higher) with the lowest low end of its per-seed paired 95% intervals, and the gain over it0.
 `controls.md`: each arm against each control arm (random, format, validity_only), the vote
-(majority_vote) and the kept rules it extends (scpo for scpo+validity_any) at the same seed, problem by problem on the held-out set at the last iteration
-(a paired bootstrap over the problems of each seed: the mean difference and each seed's interval).
+(majority_vote) and the kept rules it extends (scpo for scpo+validity_any) at the same seed, problem
+by problem on the held-out set at the last iteration (a paired bootstrap over the problems of each seed: the mean difference and each seed's interval).
 write_reports (flows/experiments.py) rebuilds both whenever a kept result lands.
 """
 
