@@ -195,10 +195,10 @@ def rule_overrides(name: str, root: Path = ROOT) -> dict[str, object]:
     name, _, tail = name.partition("@")
     extra = {}
     for kv in filter(None, tail.split(",")):
-        key, eq, value = kv.partition("=")
-        if not eq or "." not in key:
+        if "=" not in kv or "." not in kv.partition("=")[0]:
             raise SystemExit(f"rule {name}@{tail}: {kv!r} is not section.key=value")
-        extra[key] = yaml.safe_load(value)
+        key, value = recipes.parse_assignment(kv)
+        extra[key] = value
     if (root / recipes.RULES / f"{name}.yaml").is_file():
         return recipes.load(root / recipes.RULES / f"{name}.yaml") | extra
     method, _, mode = name.partition(":")

@@ -59,17 +59,16 @@ def vote_label(preds: list[str | None], min_share: float) -> str | None:
     return top_answer(answer_scores(preds), min_share)
 
 
-def uncertain_categories(samples: pd.DataFrame, key: str, tops: dict[str, str | None], gate: float) -> set:
-    """The categories where fewer than `gate` of the prompts (groups, by `key`) have a label: the vote
-    is not certain enough there for any of its labels to be trained on (CuMa's masking of prompts
-    without a clear majority, at the level of a category; a category joins once the policy agrees
-    with itself on enough of its problems). Reads only the votes and the question's category."""
-    if gate <= 0 or "category" not in samples:
+def uncertain_categories(tops: dict[str, str | None], category_of: dict[str, str | None], gate: float) -> set:
+    """The categories where fewer than `gate` of the prompts (groups) have a label (`tops`: each one's
+    label or None): the vote is not certain enough there for any of its labels to be trained on (CuMa's
+    masking of prompts without a clear majority, at the level of a category; a category joins once the
+    policy agrees with itself on enough of its problems). Reads only the votes and the question's category."""
+    if gate <= 0:
         return set()
-    first = samples.drop_duplicates(key).set_index(key)["category"]
     labelled: dict = {}
     for k, top in tops.items():
-        labelled.setdefault(category(first.get(k)), []).append(top is not None)
+        labelled.setdefault(category_of[k], []).append(top is not None)
     return {c for c, got in labelled.items() if sum(got) / len(got) < gate}
 
 
@@ -105,10 +104,12 @@ def _vote_by(key: str, share_reward: bool = False) -> Callable[[pd.DataFrame, Ju
                           for a, s in scores.items()}
             top = top_answer(scores, cfg.min_harmony) if harmonic else top_answer(scores, cfg.min_share, shares)
             tops[k] = (top, scores)
-        masked = uncertain_categories(samples, key, {k: t for k, (t, _) in tops.items()}, cfg.category_gate)
+        cats = list(samples["category"]) if "category" in samples else [None] * len(samples)
+        category_of = {k: category(cats[idx[0]]) for k, idx in positions.items()}
+        masked = uncertain_categories({k: t for k, (t, _) in tops.items()}, category_of, cfg.category_gate)
         for k, idx in positions.items():
             top, scores = tops[k]
-            if top is None or (masked and category(samples["category"].iloc[idx[0]]) in masked):
+            if top is None or category_of[k] in masked:
                 if penalise and top is None:  # RESTRAIN: a prompt without a trustworthy majority: every sample wrong
                     for i in idx:
                         reward[i], penalised[i] = 0.0, True
