@@ -8,7 +8,8 @@ accuracy (mean +- sd over seeds), the shortcut floor (the best policy that reads
 self_improve/floors.py), the gain that counts (over max(it0, floor), per seed against whichever is
 higher) with the lowest low end of its per-seed paired 95% intervals, and the gain over it0.
 `controls.md`: each arm against each control arm (random, format, validity_only), the vote
-(majority_vote) and the kept rules it extends (scpo for scpo+validity_any) at the same seed, problem
+(majority_vote) and the kept rules it extends (scpo for scpo+validity_any; the untagged rule for a tagged
+run such as sec-scpo) at the same seed, problem
 by problem on the held-out set at the last iteration (a paired bootstrap over the problems of each seed: the mean difference and each seed's interval).
 write_reports (flows/experiments.py) rebuilds both whenever a kept result lands.
 """
@@ -109,7 +110,12 @@ def heldout_correct(run: dict, it: str) -> pd.Series | None:
 
 def extended(arm: str, groups: dict[str, list[dict]]) -> list[str]:
     """The kept rules `arm` extends: those its name starts with, up to a `+` (scpo and scpo+validity_any
-    for scpo+validity_any+category_gate), so that what each added part does is read at the same seeds."""
+    for scpo+validity_any+category_gate), so that what each added part does is read at the same seeds.
+    A tagged arm (`tag-rule`: the rule under other settings, e.g. sec-scpo for the sec curriculum)
+    extends the rule under the recipe's own settings first, then what that rule extends."""
+    tag, dash, rule = arm.partition("-")
+    if dash and rule in groups:
+        return [r for r in (rule, *extended(rule, groups)) if r not in CONTROLS]
     parts = arm.split("+")
     return [p for p in ("+".join(parts[:i]) for i in range(1, len(parts))) if p in groups and p not in CONTROLS]
 

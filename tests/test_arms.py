@@ -64,6 +64,9 @@ def test_a_rule_is_set_against_the_kept_rules_it_extends(tmp_path):
     assert [r.split("|")[2].strip() for r in rows] == ["random", "random", "scpo"]
     assert "+0.250" in rows[-1]  # 4 of 8 right against scpo's 2 of 8
     assert arms.extended("a+b+c", {"a": [], "a+b": [], "a+c": []}) == ["a", "a+b"]
+    # a tagged run (another curriculum or trainer) is set against the same rule untagged, then its parts
+    assert arms.extended("sec-a+b", {"a": [], "a+b": [], "sec-a+b": []}) == ["a+b", "a"]
+    assert arms.extended("sec-a+b", {"a": []}) == []
 
 
 def test_results_kept_before_categories_write_no_table(tmp_path):
