@@ -113,7 +113,7 @@ def extended(arm: str, groups: dict[str, list[dict]]) -> list[str]:
     for scpo+validity_any+category_gate), so that what each added part does is read at the same seeds.
     A tagged arm (`tag-rule`: the rule under other settings, e.g. sec-scpo for the sec curriculum)
     extends the rule under the recipe's own settings first, then what that rule extends."""
-    tag, dash, rule = arm.partition("-")
+    _tag, dash, rule = arm.partition("-")
     if dash and rule in groups:
         return [r for r in (rule, *extended(rule, groups)) if r not in CONTROLS]
     parts = arm.split("+")
