@@ -14,26 +14,31 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 
 import pandas as pd
 
 from self_improve.cli import derive_seed
 from self_improve.config import TaskConfig
+from self_improve.floors import policy_answers
 from self_improve.tasks import task_for
 
 
-def question_sum(prompt: str) -> str:
-    return str(sum(int(n) for n in re.findall(r"\d+", prompt.split("\n")[0])))
+def question_sums(task, prompts: list[str]) -> list[str | None]:
+    """The floor's `sum` policy (self_improve/floors.py) on each prompt's question."""
+    question = getattr(task, "question", lambda prompt: prompt)
+    return policy_answers([question(p) for p in prompts], [])["sum"]
 
 
-def heldout_of(result: dict) -> pd.DataFrame:
+def task_of(result: dict):
     params = result["params_set"]
-    task = task_for(TaskConfig(**{k.split(".", 1)[1]: v for k, v in params.items() if k.startswith("task.")}))
     if params.get("task.name") != "word_math":
         raise SystemExit(f"{result['experiment']}: task {params.get('task.name')!r}, not word_math")
-    return task.sets(derive_seed(int(params["seed"]), "split"), 0).heldout.set_index("prompt_id")
+    return task_for(TaskConfig(**{k.split(".", 1)[1]: v for k, v in params.items() if k.startswith("task.")}))
+
+
+def heldout_of(task, result: dict) -> pd.DataFrame:
+    return task.sets(derive_seed(int(result["params_set"]["seed"]), "split"), 0).heldout.set_index("prompt_id")
 
 
 def rows(folder: Path) -> list[str]:
@@ -43,7 +48,8 @@ def rows(folder: Path) -> list[str]:
         answers_path = folder / path.stem / "answers.parquet"
         if "params_set" not in result or not answers_path.exists():
             continue
-        gold = heldout_of(result)
+        task = task_of(result)
+        gold = heldout_of(task, result)
         answers = pd.read_parquet(answers_path)
         answers = answers[answers["set"] == "heldout"]
         iterations = sorted(answers["iteration"].unique())
@@ -51,7 +57,7 @@ def rows(folder: Path) -> list[str]:
             a = answers[answers["iteration"] == it].set_index("prompt_id")
             if not (a["answer"] == gold.loc[a.index, "answer"]).all():
                 raise SystemExit(f"{answers_path}: its gold answers differ from the held-out set drawn again")
-            is_sum = a["pred"] == pd.Series([question_sum(p) for p in gold.loc[a.index, "prompt"]], index=a.index)
+            is_sum = a["pred"] == pd.Series(question_sums(task, list(gold.loc[a.index, "prompt"])), index=a.index)
             cats = sorted(a["category"].unique())
             cells = [f"{is_sum.mean():.3f}"] + [f"{is_sum[a['category'] == c].mean():.3f}" for c in cats]
             acc = [f"{a['correct'].mean():.3f}"] + [f"{a.loc[a['category'] == c, 'correct'].mean():.3f}" for c in cats]

@@ -18,7 +18,7 @@ def kept_run(folder, params=PARAMS):
     """A kept run whose it0 answers every problem right and whose it1 answers the sum to every one."""
     task = task_for(TaskConfig(**{k.split(".", 1)[1]: v for k, v in params.items() if k.startswith("task.")}))
     held = task.sets(derive_seed(params["seed"], "split"), 0).heldout
-    sums = [sum_share.question_sum(p) for p in held["prompt"]]
+    sums = sum_share.question_sums(task, list(held["prompt"]))
     rows = [dict(iteration=it, set="heldout", prompt_id=pid, category=cat, answer=gold, pred=pred,
                  correct=pred == gold)
             for it, preds in (("it0", held["answer"]), ("it1", sums))
@@ -31,7 +31,8 @@ def kept_run(folder, params=PARAMS):
 
 def test_sum_share_reads_the_shortcut_per_operation(tmp_path):
     held, sums = kept_run(tmp_path)
-    assert sum_share.question_sum("Ann has 12 apples and gets 7 more.\nAnswer.") == "19"
+    task = task_for(TaskConfig(name="word_math"))
+    assert sum_share.question_sums(task, ["Ann has 12 apples and gets 7 more. How many?\nAnswer."]) == ["19"]
     sum_share.main([str(tmp_path)])
     table = (tmp_path / "sum_share.md").read_text().splitlines()
     it0 = next(r for r in table if r.startswith("| run-s3 | it0 |")).split(" | ")
