@@ -14,7 +14,6 @@ kept runs' overall held-out accuracy is set beside it.
 from __future__ import annotations
 
 import json
-import re
 import statistics
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import yaml
 from self_improve import artifacts as art
 from self_improve.cli import derive_seed
 from self_improve.config import TaskConfig
-from self_improve.floors import floor_metrics, floor_table
+from self_improve.floors import floor_metrics, floor_table, policy_answers
 from self_improve.tasks import task_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +58,7 @@ def v2_sets(tmp: Path) -> dict[int, tuple[pd.DataFrame, pd.DataFrame]]:
             for s in SEEDS}
 
 
-def per_category(answers: pd.DataFrame, heldout: pd.DataFrame, it: str) -> dict[str, float]:
+def per_category(answers: pd.DataFrame, heldout: pd.DataFrame, it: str, task) -> dict[str, float]:
     a = answers[(answers["set"] == "heldout") & (answers["iteration"] == it)].set_index("prompt_id")
     gold = heldout.set_index("prompt_id")
     if not (a["answer"] == gold.loc[a.index, "answer"]).all():
@@ -67,7 +66,7 @@ def per_category(answers: pd.DataFrame, heldout: pd.DataFrame, it: str) -> dict[
     cats = gold.loc[a.index, "category"]
     out = {c: float(a.loc[cats == c, "correct"].mean()) for c in sorted(cats.unique())}
     out["(all)"] = float(a["correct"].mean())
-    sums = [str(sum(int(n) for n in re.findall(r"\d+", p.split("\n")[0]))) for p in gold.loc[a.index, "prompt"]]
+    sums = policy_answers([task.question(p) for p in gold.loc[a.index, "prompt"]], [])["sum"]  # the floor's own sum
     out["= a + b"] = float((a["pred"] == pd.Series(sums, index=a.index)).mean())
     return out
 
@@ -100,7 +99,7 @@ def main() -> None:
         seed = int(f.parent.name.rsplit("-s", 1)[1])
         kept = art.read_table(f, art.KEPT_EVAL_COMMON)
         for it in ("it0", "it3"):
-            c = per_category(kept, sets[seed][0], it)
+            c = per_category(kept, sets[seed][0], it, wm)
             lines.append(f"| {f.parent.name.rsplit('-s', 1)[0]} | {seed} | {it} | "
                          + " | ".join(f"{c[k]:.3f}" for k in ("add", "sub", "mul", "(all)", "= a + b")) + " |")
     lines += ["", "## Every kept V2 and gym row beside its floor (held-out, it0 -> it3, mean +- sd over seeds)", "",
@@ -113,7 +112,7 @@ def main() -> None:
     for where, fl in (("smollm2_v2", {s: floors[s]["floor"] for s in SEEDS}), ("smollm2_v2_gpu", {s: floors[s]["floor"] for s in SEEDS}),
                       ("smollm2_gym", gym_floor)):
         runs: dict[str, list[dict]] = {}
-        for f in sorted((ROOT / "reports" / where).glob("*.json")):
+        for f in sorted((ROOT / "research/results" / where).glob("*.json")):
             r = json.loads(f.read_text())
             runs.setdefault(f.stem.rsplit("-s", 1)[0], []).append(r)
         for name, rs in runs.items():
