@@ -112,7 +112,9 @@ def main() -> None:
     for where, fl in (("smollm2_v2", {s: floors[s]["floor"] for s in SEEDS}), ("smollm2_v2_gpu", {s: floors[s]["floor"] for s in SEEDS}),
                       ("smollm2_gym", gym_floor)):
         runs: dict[str, list[dict]] = {}
-        for f in sorted((ROOT / "research/results" / where).glob("*.json")):
+        if not (kept := sorted((ROOT / "research/results" / where).glob("*.json"))):
+            raise SystemExit(f"research/results/{where}: no kept results (*.json) to re-read")
+        for f in kept:
             r = json.loads(f.read_text())
             runs.setdefault(f.stem.rsplit("-s", 1)[0], []).append(r)
         for name, rs in runs.items():
