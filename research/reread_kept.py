@@ -23,10 +23,11 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from research.sum_share import question_sums
 from self_improve import artifacts as art
 from self_improve.cli import derive_seed
 from self_improve.config import TaskConfig
-from self_improve.floors import floor_metrics, floor_table, policy_answers
+from self_improve.floors import floor_metrics, floor_table
 from self_improve.tasks import task_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +67,7 @@ def per_category(answers: pd.DataFrame, heldout: pd.DataFrame, it: str, task) ->
     cats = gold.loc[a.index, "category"]
     out = {c: float(a.loc[cats == c, "correct"].mean()) for c in sorted(cats.unique())}
     out["(all)"] = float(a["correct"].mean())
-    sums = policy_answers([task.question(p) for p in gold.loc[a.index, "prompt"]], [])["sum"]  # the floor's own sum
+    sums = question_sums(task, list(gold.loc[a.index, "prompt"]))
     out["= a + b"] = float((a["pred"] == pd.Series(sums, index=a.index)).mean())
     return out
 
