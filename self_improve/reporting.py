@@ -10,6 +10,7 @@ its prompts and pairs as dataset inputs, example tables, and the reports as arti
 
 from __future__ import annotations
 
+import enum
 import logging
 from pathlib import Path
 
@@ -155,6 +156,21 @@ def _gain(row, name: str, tail: str) -> str:
     return f"{g:+.3f} [{lo:+.3f}, {hi:+.3f}]"
 
 
+def judge_name(judge) -> str:
+    """The judge as a rule name: its method and each judge key set away from its default, a bool by
+    its name (``co_reward+validity+restates=any`` for configs/rules/co_reward+validity_any.yaml), so
+    that two rules with one method read apart in the summary."""
+    parts = [judge.method]
+    for key, field in type(judge).model_fields.items():
+        value = getattr(judge, key)
+        if key == "method" or value == field.default:
+            continue
+        if isinstance(value, enum.Enum):
+            value = value.value
+        parts.append(key if value is True else f"{key}={value}")
+    return "+".join(parts)
+
+
 def summary_markdown(df: pd.DataFrame, params: Params, figures: list[str],
                      per_iteration: dict[str, pd.DataFrame] | None = None,
                      alarm: list[str] | None = None) -> str:
@@ -162,7 +178,7 @@ def summary_markdown(df: pd.DataFrame, params: Params, figures: list[str],
     lines = [
         "# Self-improvement loop: summary",
         "",
-        f"Judge `{params.judge.method}`, training `{params.train.algorithm}`, "
+        f"Judge `{judge_name(params.judge)}`, training `{params.train.algorithm}`, "
         f"{params.sample.k} samples per prompt, seed {params.seed}.",
         "",
         "- **held-out acc / maj@k**: greedy and majority-of-k accuracy on problems disjoint from every "

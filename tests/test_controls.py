@@ -145,3 +145,16 @@ def test_the_summary_shows_each_category_its_gain_and_the_floor():
     assert "| add | 0.200 | 0.900 | +0.700 [+0.600, +0.800] | 1.000 | -0.100 [-0.200, +0.000] |" in text
     assert "| sub | 0.100 | 0.050 | -0.050 [-0.100, +0.000] | 0.000 | +0.050 [+0.000, +0.100] |" in text
     assert category_markdown(pd.DataFrame([{"iteration": "it0", "accuracy": 0.3}])) == []
+
+
+def test_the_summary_names_the_rule_not_only_its_method():
+    import yaml
+
+    from self_improve.reporting import judge_name
+
+    rule = yaml.safe_load(open("configs/rules/co_reward+validity_any.yaml"))["judge"]
+    assert judge_name(JudgeConfig(**rule)) == "co_reward+validity+restates=any"
+    assert judge_name(JudgeConfig(method="co_reward")) == "co_reward"  # defaults name nothing more
+    gated = JudgeConfig(method="vote_share", min_share=0.5, low_consensus="penalise")
+    assert judge_name(gated) == "vote_share+min_share=0.5+low_consensus=penalise"
+    assert judge_name(JudgeConfig(method="random")) != judge_name(JudgeConfig(method="format"))
