@@ -161,7 +161,7 @@ def judge_name(judge) -> str:
     its name (``co_reward+validity+restates=any`` for configs/rules/co_reward+validity_any.yaml), so
     that two rules with one method read apart in the summary."""
     parts = [judge.method]
-    for key, field in type(judge).model_fields.items():
+    for key, field in judge.__class__.model_fields.items():  # __class__: a stage's Declared view is its config's
         value = getattr(judge, key)
         if key == "method" or value == field.default:
             continue

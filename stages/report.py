@@ -24,7 +24,7 @@ from self_improve.tracking import IterationRecord, LoopRecord, NoOpTracker, make
 log = logging.getLogger(__name__)
 
 # the params keys this stage reads: dvc.yaml's params for it, and its provenance
-PARAMS = ("seed", "loop", "tracking", "judge.method", "train.algorithm", "sample.k")
+PARAMS = ("seed", "loop", "tracking", "judge", "train.algorithm", "sample.k")  # judge: the summary names the rule
 
 
 def _args(p: argparse.ArgumentParser) -> None:

@@ -158,3 +158,11 @@ def test_the_summary_names_the_rule_not_only_its_method():
     gated = JudgeConfig(method="vote_share", min_share=0.5, low_consensus="penalise")
     assert judge_name(gated) == "vote_share+min_share=0.5+low_consensus=penalise"
     assert judge_name(JudgeConfig(method="random")) != judge_name(JudgeConfig(method="format"))
+    # a stage reads params through its declared view: the report declares the whole judge section
+    from self_improve.cli import Declared
+    from self_improve.config import load_params
+    from stages.report import PARAMS
+
+    params = load_params()
+    view = Declared(params.model_copy(update={"judge": JudgeConfig(**rule)}), PARAMS, "report")
+    assert judge_name(view.judge) == "co_reward+validity+restates=any"
