@@ -1,7 +1,7 @@
 """Kept loops read per category and against their control arms: the tables that say whether a gain
 is more than a shortcut.
 
-    python -m self_improve.arms research/results/smollm2_gym_arms     # writes categories.md and controls.md there
+    python -m self_improve.arms research/results/smollm2_gym_arms     # writes categories.md, controls.md, bar.md there
 
 `categories.md`: per arm (a judge or rule) and held-out category, it0 and the last iteration's
 accuracy (mean +- sd over seeds), the shortcut floor (the best policy that reads only the question,
@@ -11,7 +11,9 @@ higher) with the lowest low end of its per-seed paired 95% intervals, and the ga
 (majority_vote) and the kept rules it extends (scpo for scpo+validity_any; the untagged rule for a tagged
 run such as sec-scpo) at the same seed, problem
 by problem on the held-out set at the last iteration (a paired bootstrap over the problems of each seed: the mean difference and each seed's interval).
-write_reports (flows/experiments.py) rebuilds both whenever a kept result lands.
+`bar.md`: each arm against the bar a label-free gain must clear (over three seeds, above the floor and every
+control arm by paired intervals, no category lost beyond noise), and how close it came.
+write_reports (flows/experiments.py) rebuilds them whenever a kept result lands.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from self_improve import artifacts as art
 from self_improve.quality import paired_gain
 
 CONTROLS = ("random", "format", "validity_only", "majority_vote")
+ORACLE = "verifier"  # gold labels: read beside the bar, never a label-free result
+BAR_SEEDS = 3
 ALL = "(all)"
 
 
@@ -120,29 +124,72 @@ def extended(arm: str, groups: dict[str, list[dict]]) -> list[str]:
     return [p for p in ("+".join(parts[:i]) for i in range(1, len(parts))) if p in groups and p not in CONTROLS]
 
 
+def paired_against(runs: list[dict], control_runs: list[dict]) -> list[tuple[int, dict]]:
+    """Per seed both arms share, the paired gain of `runs` over `control_runs` on the held-out problems at
+    each one's last iteration: (seed, {gain, lo, hi})."""
+    last, theirs = last_iteration(runs), {r["seed"]: r for r in control_runs}
+    out = []
+    for r in runs:
+        if r["seed"] not in theirs:
+            continue
+        mine, other = heldout_correct(r, last), heldout_correct(theirs[r["seed"]], last_iteration([theirs[r["seed"]]]))
+        if mine is None or other is None:
+            continue
+        both = mine.index.intersection(other.index)
+        g = paired_gain(other.loc[both], mine.loc[both])
+        if g is not None:
+            out.append((r["seed"], g))
+    return out
+
+
 def control_table(groups: dict[str, list[dict]]) -> str:
     head = ["arm", "against", "seeds", "difference at the last iteration", "per-seed paired 95% intervals"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm, runs in groups.items():
         if arm in CONTROLS:
             continue
-        last = last_iteration(runs)
         for control in (*CONTROLS, *extended(arm, groups)):
-            theirs = {r["seed"]: r for r in groups.get(control, [])}
-            diffs, cis = [], []
-            for r in runs:
-                if r["seed"] not in theirs:
-                    continue
-                mine, other = heldout_correct(r, last), heldout_correct(theirs[r["seed"]], last_iteration([theirs[r["seed"]]]))
-                if mine is None or other is None:
-                    continue
-                both = mine.index.intersection(other.index)
-                g = paired_gain(other.loc[both], mine.loc[both])
-                if g is not None:
-                    diffs.append(g["gain"])
-                    cis.append(f"s{r['seed']} [{g['lo']:+.3f}, {g['hi']:+.3f}]")
-            if diffs:
-                lines.append(f"| {arm} | {control} | {len(diffs)} | {_mean_sd(diffs, signed=True)} | {'; '.join(cis)} |")
+            paired = paired_against(runs, groups.get(control, []))
+            if paired:
+                cis = "; ".join(f"s{s} [{g['lo']:+.3f}, {g['hi']:+.3f}]" for s, g in paired)
+                lines.append(f"| {arm} | {control} | {len(paired)} | "
+                             f"{_mean_sd([g['gain'] for _, g in paired], signed=True)} | {cis} |")
+    return "\n".join(lines) + "\n"
+
+
+def bar_row(arm: str, groups: dict[str, list[dict]]) -> list[str]:
+    """One arm against the bar a label-free gain must clear: over `BAR_SEEDS` seeds, above max(it0, floor)
+    and above every control arm, each by a paired 95% interval whose low end is above 0 on every seed, and
+    no category below it0 beyond noise (a seed whose interval of the category's gain over it0 ends below 0)."""
+    runs = groups[arm]
+    last = last_iteration(runs)
+    seeds = [r["seed"] for r in runs]
+    counted = [counted_gain(r["metrics"].get("it0", {}), r["metrics"].get(last, {}), ALL) for r in runs]
+    floor_lo = min((c[1] for c in counted if c is not None), default=None)
+    floor_ok = floor_lo is not None and floor_lo > 0 and None not in counted
+    worst_control, control_lo, controls_ok = "", None, True
+    for control in CONTROLS:
+        paired = dict(paired_against(runs, groups.get(control, [])))
+        if set(paired) != set(seeds):
+            controls_ok = False  # a control not looped at one of the arm's seeds: the bar cannot be read
+        for g in paired.values():
+            if control_lo is None or g["lo"] < control_lo:
+                worst_control, control_lo = control, g["lo"]
+    controls_ok = controls_ok and control_lo is not None and control_lo > 0
+    losses = sorted({f"{cat} (s{r['seed']})" for r in runs for cat in categories([r])
+                     if (hi := r["metrics"].get(last, {}).get(_key("accuracy_gain_hi", cat))) is not None and hi < 0})
+    met = len(set(seeds)) >= BAR_SEEDS and floor_ok and controls_ok and not losses
+    return [arm, str(len(seeds)), _mean_sd([c[0] for c in counted if c is not None], signed=True),
+            "" if floor_lo is None else f"{floor_lo:+.3f}",
+            "" if control_lo is None else f"{control_lo:+.3f} ({worst_control})",
+            ", ".join(losses) or "none", "oracle" if arm == ORACLE else ("yes" if met else "no")]
+
+
+def bar_table(groups: dict[str, list[dict]]) -> str:
+    head = ["arm", "seeds", "gain over max(it0, floor)", "lowest paired low end over it",
+            "lowest paired low end over a control arm", "categories below it0 beyond noise", "clears the bar"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(bar_row(arm, groups)) + " |" for arm in groups if arm not in CONTROLS]
     return "\n".join(lines) + "\n"
 
 
@@ -162,6 +209,13 @@ def write(out: Path) -> None:
         "extends) at the same seed (the same problems), "
         "mean +- sd over seeds, with each seed's paired bootstrap 95% interval (generated by `python -m self_improve.arms`).\n\n"
         + control_table(groups))
+    (out / "bar.md").write_text(
+        "# The bar a label-free gain must clear\n\n"
+        f"Each arm at its last iteration, over its seeds (generated by `python -m self_improve.arms`). It clears the bar "
+        f"when, over at least {BAR_SEEDS} seeds, it lies above max(it0, floor) and above every control arm "
+        f"({', '.join(CONTROLS)}) at the same seed, each by a paired 95% interval whose low end is above 0 on every "
+        "seed, and no category ends below it0 by an interval (its gain's high end under 0). The oracle's row "
+        "(gold labels) says how far the loop reaches with right labels.\n\n" + bar_table(groups))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -169,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("out", type=Path, help="a directory of kept results (research/results/smollm2_gym_arms, ...)")
     args = ap.parse_args(argv)
     write(args.out)
-    for name in ("categories.md", "controls.md"):
+    for name in ("categories.md", "controls.md", "bar.md"):
         if (args.out / name).is_file():
             print((args.out / name).read_text())
 

@@ -74,3 +74,40 @@ def test_results_kept_before_categories_write_no_table(tmp_path):
                                                        "metrics": {"it0": {"accuracy": 0.1}, "it1": {"accuracy": 0.2}}}))
     arms.write(tmp_path)
     assert not (tmp_path / "categories.md").exists()
+
+
+def _bar(tmp_path) -> dict[str, list[str]]:
+    arms.write(tmp_path)
+    rows = [line for line in (tmp_path / "bar.md").read_text().splitlines() if line.startswith("| ") and "---" not in line]
+    return {cells[0]: cells for cells in ([c.strip() for c in r.strip("|").split("|")] for r in rows[1:])}
+
+
+def test_the_bar_needs_three_seeds_the_floor_and_every_control(tmp_path):
+    for seed in (0, 1, 2):
+        _kept(tmp_path, "rule", seed, it0=0.2, it3=0.5, floor=0.3, correct3=[1, 1, 1, 1, 0, 0, 0, 0])
+        _kept(tmp_path, "verifier", seed, it0=0.2, it3=0.5, floor=0.3, correct3=[1, 1, 1, 1, 0, 0, 0, 0])
+        for control in arms.CONTROLS:
+            _kept(tmp_path, control, seed, it0=0.2, it3=0.0, floor=0.3, correct3=[0] * 8)
+    bar = _bar(tmp_path)
+    assert bar["rule"][1:4] == ["3", "+0.200 +- 0.000", "+0.100"] and bar["rule"][5:] == ["none", "yes"]
+    assert bar["verifier"][-1] == "oracle"  # gold labels are read beside the bar, never as a label-free result
+    assert set(bar) == {"rule", "verifier"}  # a control arm is not held to the bar
+
+
+def test_the_bar_is_missed_on_two_seeds_a_missing_control_or_a_lost_category(tmp_path):
+    for seed in (0, 1):
+        _kept(tmp_path, "rule", seed, it0=0.2, it3=0.5, floor=0.3, correct3=[1, 1, 1, 1, 0, 0, 0, 0])
+        for control in arms.CONTROLS:
+            _kept(tmp_path, control, seed, it0=0.2, it3=0.0, floor=0.3, correct3=[0] * 8)
+    assert _bar(tmp_path)["rule"][-1] == "no"  # two seeds are not three
+    _kept(tmp_path, "rule", 2, it0=0.2, it3=0.5, floor=0.3, correct3=[1, 1, 1, 1, 0, 0, 0, 0])
+    for control in ("random", "format", "validity_only"):
+        _kept(tmp_path, control, 2, it0=0.2, it3=0.0, floor=0.3, correct3=[0] * 8)
+    assert _bar(tmp_path)["rule"][-1] == "no"  # majority_vote not looped at seed 2: the bar cannot be read there
+    _kept(tmp_path, "majority_vote", 2, it0=0.2, it3=0.0, floor=0.3, correct3=[0] * 8)
+    assert _bar(tmp_path)["rule"][-1] == "yes"
+    kept = tmp_path / "rule-s1.json"
+    r = json.loads(kept.read_text())
+    r["metrics"]["it3"]["accuracy_gain_hi/mul"] = -0.05  # multiplication fell below it0 by an interval at seed 1
+    kept.write_text(json.dumps(r))
+    assert _bar(tmp_path)["rule"][5:] == ["mul (s1)", "no"]
