@@ -64,14 +64,19 @@ def test_a_rule_is_set_against_the_kept_rules_it_extends(tmp_path):
     assert [r.split("|")[2].strip() for r in rows] == ["random", "random", "scpo"]
     assert "+0.250" in rows[-1]  # 4 of 8 right against scpo's 2 of 8
     assert arms.extended("a+b+c", {"a": [], "a+b": [], "a+c": []}) == ["a", "a+b"]
-    _kept(tmp_path, "verifier", 0, it0=0.2, it3=0.75, floor=0.3, correct3=[1, 1, 1, 1, 1, 1, 0, 0])
-    arms.write(tmp_path)
-    rows = [line for line in (tmp_path / "controls.md").read_text().splitlines() if line.startswith("| scpo+gate")]
-    assert rows[-1].split("|")[2].strip() == "verifier" and "-0.250" in rows[-1]  # how far from gold: 4 of 8 against 6
-    assert not any(line.startswith("| verifier | verifier") for line in (tmp_path / "controls.md").read_text().splitlines())
     # a tagged run (another curriculum or trainer) is set against the same rule untagged, then its parts
     assert arms.extended("sec-a+b", {"a": [], "a+b": [], "sec-a+b": []}) == ["a+b", "a"]
     assert arms.extended("sec-a+b", {"a": []}) == []
+
+
+def test_a_label_free_arm_is_set_against_the_oracle(tmp_path):
+    _kept(tmp_path, "scpo+gate", 0, it0=0.2, it3=0.5, floor=0.3, correct3=[1, 1, 1, 1, 0, 0, 0, 0])
+    _kept(tmp_path, "verifier", 0, it0=0.2, it3=0.75, floor=0.3, correct3=[1, 1, 1, 1, 1, 1, 0, 0])
+    arms.write(tmp_path)
+    lines = (tmp_path / "controls.md").read_text().splitlines()
+    rows = [line for line in lines if line.startswith("| scpo+gate")]
+    assert rows[-1].split("|")[2].strip() == "verifier" and "-0.250" in rows[-1]  # how far from gold: 4 of 8 against 6
+    assert not any(line.startswith("| verifier | verifier") for line in lines)  # the oracle is not set against itself
 
 
 def test_results_kept_before_categories_write_no_table(tmp_path):
