@@ -24,8 +24,8 @@ per problem (EVAL rows, sets `ttt` and `ttt_view`):
 - `lf_base_support`: the share of problems whose greedy answer is one the base model itself gives
   when sampled: it0's evaluate draws `evaluate.support_k` samples at `evaluate.temperature` for each problem
   in both wordings (EVAL rows of set `ttt_sample`), and every iteration's answers are looked up among
-  them. The base's own votes anchor the answers without being trained along with the policy (the
-  issue's frozen judge, read off cached samples): a policy that learns answers the base never gives
+  them. The base's own votes anchor the answers without being trained along with the policy (a
+  frozen judge, read off cached samples): a policy that learns answers the base never gives
   to a problem, right or wrong, lowers it. Right answers the base reached sometimes stay inside it,
   so an improving run keeps most of it; a run that drifted onto answers of its own, wrong the same
   way in both wordings (and so agreeing), loses most of it.
