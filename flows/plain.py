@@ -26,6 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # models/ is linked (the base checkpoints `make smollm2` and friends put there)
 COPIED = ("dvc.yaml", "data/inputs", "configs", "plugins")
 LINKED = ("models",)
+# stages run in a process of their own, not in the runner's: training picks oneDNN's bfloat16 kernels
+# (train.bf16, self_improve/cpu.py), which only a process that has not used oneDNN yet can do
+OWN_PROCESS = ("stages.train",)
 
 
 def prepare_workspace(work: Path, params_text: str, root: Path = ROOT) -> Path:
@@ -101,7 +104,11 @@ def run_stages(work: Path, only: tuple[str, ...] | None = None) -> None:
             raise SystemExit(f"{work / 'dvc.yaml'}: stage {name}: expected `python -m stages.<name> ...`, got {argv[:3]}")
         started = time.perf_counter()
         print(f"== {name}", flush=True)
-        importlib.import_module(argv[2]).main(argv[3:])
+        if argv[2] in OWN_PROCESS:  # as under DVC: its CPU kernels (bfloat16's) and memory stay its own
+            path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+            subprocess.run([sys.executable, *argv[1:]], check=True, env=dict(os.environ, PYTHONPATH=path))
+        else:
+            importlib.import_module(argv[2]).main(argv[3:])
         print(f"== {name}: {time.perf_counter() - started:.1f} s", flush=True)
 
 

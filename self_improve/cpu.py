@@ -32,11 +32,14 @@ def _has_avx2() -> bool:
 
 
 PINS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+PINNED_BY = "SELF_IMPROVE_PINNED"  # set beside the pins this module set (children inherit both)
 
 
 def pin_cpu_kernels() -> dict[str, str]:
     """Set the AVX2 pins (those not already set); returns what is now in force."""
     if os.environ.get("SELF_IMPROVE_CPU_ISA", "avx2").lower() != "native" and _has_avx2():
+        if "ONEDNN_MAX_CPU_ISA" not in os.environ:
+            os.environ[PINNED_BY] = "1"
         for key, value in PINS.items():
             os.environ.setdefault(key, value)
     return {key: os.environ[key] for key in PINS if key in os.environ}
@@ -45,5 +48,14 @@ def pin_cpu_kernels() -> dict[str, str]:
 def unpinned_env(env: dict[str, str]) -> dict[str, str]:
     """`env` for a child process that takes the CPU's own kernels: SELF_IMPROVE_CPU_ISA=native and
     none of the pins this process set."""
-    return {**{k: v for k, v in env.items() if k not in PINS}, "SELF_IMPROVE_CPU_ISA": "native"}
+    return {**{k: v for k, v in env.items() if k not in PINS and k != PINNED_BY}, "SELF_IMPROVE_CPU_ISA": "native"}
 
+
+def allow_bf16_kernels() -> bool:
+    """Lift this process's oneDNN pin (AVX2, where bfloat16 is emulated) so that a bfloat16 stage runs on
+    the CPU's bfloat16 kernels (avx512_bf16, AMX): oneDNN reads ONEDNN_MAX_CPU_ISA at its first bfloat16
+    primitive, so this works until then. Only the pin this module set is lifted; True when it was."""
+    if os.environ.get("ONEDNN_MAX_CPU_ISA") != PINS["ONEDNN_MAX_CPU_ISA"] or os.environ.get(PINNED_BY) != "1":
+        return False
+    os.environ["ONEDNN_MAX_CPU_ISA"] = "ALL"
+    return True

@@ -86,16 +86,18 @@ SETS = (("accuracy", "heldout", "heldout_n"), ("ttt_accuracy", "ttt", "ttt_n")) 
 
 def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cfg: EvaluateConfig,
                   seed: int, task: Task, progress: bool = True, answers: list | None = None,
-                  base_samples: bool = False) -> dict[str, float]:
+                  base_samples: bool = False, stop_at=None) -> dict[str, float]:
     """Accuracy protocols over the rows that have an answer (a user's prompt file may have none),
     the share of greedy answers cut by `evaluate.max_new_tokens` (`eval_truncated_share`) and the
     share from which no answer could be read (`eval_extract_failure_rate`). `answers`, when given,
     receives each problem's greedy answer (EVAL rows) for the paired comparison of iterations, and
     with `base_samples` (the base model, it0) also `evaluate.support_k` sampled answers to each test-time
-    problem in both wordings (set `choice.SAMPLE_SET`: the base support of the label-free choice)."""
-    greedy = SamplingSpec(n=1, greedy=True, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size)
+    problem in both wordings (set `choice.SAMPLE_SET`: the base support of the label-free choice).
+    `stop_at`: the task's answer stop (sample.stop_at_answer), for every response generated here."""
+    greedy = SamplingSpec(n=1, greedy=True, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
+                          stop_at=stop_at)
     sampled = SamplingSpec(n=cfg.k, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
-                           batch_size=cfg.batch_size)
+                           batch_size=cfg.batch_size, stop_at=stop_at)
     heldout, ttt = heldout[heldout["answer"].notna()], ttt[ttt["answer"].notna()]
     out: dict[str, float] = {}
     cut: list[bool] = []
@@ -129,7 +131,8 @@ def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cf
                         for pid, prompt, gold, r, pred, t, cat in zip(df["prompt_id"], df["prompt"], df["answer"],
                                                                       res, preds, res.truncated, df["category"])]
         if answers is not None and base_samples and set_name != "heldout":
-            answers += support_samples(sampler, df, cfg, seed, task, progress, desc=f"{set_name} base samples")
+            answers += support_samples(sampler, df, cfg, seed, task, progress, desc=f"{set_name} base samples",
+                                       stop_at=stop_at)
         if name is None:
             continue
         out[name] = accuracy(preds, list(df["answer"]), task, list(df["category"]))
@@ -156,14 +159,14 @@ def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cf
 
 
 def support_samples(sampler: Sampler, df: pd.DataFrame, cfg: EvaluateConfig, seed: int, task: Task,
-                    progress: bool = True, desc: str = "base samples") -> list[dict]:
+                    progress: bool = True, desc: str = "base samples", stop_at=None) -> list[dict]:
     """The base model's `evaluate.support_k` sampled answers (at `evaluate.temperature`) to each of
     `df`'s problems, as EVAL rows of set `choice.SAMPLE_SET`: the label-free choice's base support.
     None for an open task or `support_k` 0."""
     if df.empty or cfg.support_k == 0 or task.open_ended:
         return []
     spec = SamplingSpec(n=cfg.support_k, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
-                        batch_size=cfg.batch_size)
+                        batch_size=cfg.batch_size, stop_at=stop_at)
     drawn = sampler.generate(list(df["prompt"]), spec, seed, desc=desc, progress=progress)
     return [{"set": choice.SAMPLE_SET, "prompt_id": pid, "category": cat if isinstance(cat, str) else None,
              "answer": gold, "response": x,

@@ -37,18 +37,19 @@ from self_improve.judges import (
 )
 from self_improve.judges.rubric import load_template
 from self_improve.models.loading import load_model, set_threads
-from self_improve.tasks import task_for
+from self_improve.tasks import answer_stop, task_for
 
 # the params keys this stage reads (it0, as evaluate_base, without the iteration's judge): dvc.yaml's
 # params for it, and its provenance
 BASE_PARAMS = (
     "seed", "model", "task", "evaluate", "judge.frozen", "judge.correct_template", "sample.batch_size",
     "sample.score_tokens", "sample.backend", "sample.gpu_memory_utilization", "sample.vllm",
-    "sample.ct2", "security",
+    "sample.ct2", "sample.stop_at_answer", "security",
 )
 PARAMS = (
     "seed", "model", "evaluate", "judge", "task", "sample.batch_size", "sample.score_tokens",
-    "sample.backend", "sample.gpu_memory_utilization", "sample.vllm", "sample.ct2", "security",
+    "sample.backend", "sample.gpu_memory_utilization", "sample.vllm", "sample.ct2", "sample.stop_at_answer",
+    "security",
 )
 
 
@@ -83,7 +84,8 @@ def main(argv: list[str] | None = None) -> None:
         task = task_for(params.task)
         answers: list[dict] = []
         metrics.update(model_metrics(sampler, heldout, ttt, params.evaluate, derive_seed(params.seed, "evaluate"),
-                                     task, answers=answers, base_samples=not args.base_eval))
+                                     task, answers=answers, base_samples=not args.base_eval,
+                                     stop_at=answer_stop(task, params.sample.stop_at_answer)))
         answers_df = pd.DataFrame(answers, columns=[f.name for f in art.EVAL if f.name != "iteration"])
         answers_df.insert(0, "iteration", args.iteration)
         if params.judge.frozen != FrozenJudge.none and not ttt.empty:

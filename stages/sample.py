@@ -14,8 +14,10 @@ from self_improve.models.loading import set_threads
 from self_improve.sampling import sample
 from self_improve.tasks import task_for
 
-# the params keys this stage reads: dvc.yaml's params for it, and its provenance
-PARAMS = ("seed", "model", "task", "sample", "security")
+# the params keys this stage reads: dvc.yaml's params for it, and its provenance (the judge's keys that
+# adaptive sampling reads: which votes, their gate and the validity check)
+PARAMS = ("seed", "model", "task", "sample", "security", "judge.method", "judge.min_share", "judge.min_share_step",
+          "judge.validity", "judge.restates", "judge.cross_view", "judge.frozen", "judge.inverse")
 
 
 def _args(p: argparse.ArgumentParser) -> None:
@@ -37,8 +39,12 @@ def main(argv: list[str] | None = None) -> None:
         if args.bstar:
             cfg = cfg.model_copy(update={"temperature": float(art.read_json(args.bstar)["temperature"])})
         sampler = open_sampler(args.model, params.sample, params.security, args.base, params.model, args.engine)
-        df = sample(sampler, prompts, cfg, derive_seed(params.seed, "sample", args.iteration), task_for(params.task))
+        judge = params.judge.model_copy(update={"min_share": params.min_share(args.iteration)})
+        drawn: dict = {}
+        df = sample(sampler, prompts, cfg, derive_seed(params.seed, "sample", args.iteration), task_for(params.task),
+                    judge=judge, stats=drawn)
         prov = stage_provenance("sample", args.iteration, params, PARAMS, [args.out])
+        prov["drawn"] = drawn  # samples drawn against k's, new tokens, why vote groups stopped
         prov["temperature"] = cfg.temperature  # the one used: sample.temperature, or B-STaR's choice
         prov["backend"] = sampler.backend
         if getattr(sampler, "compute_type", None):

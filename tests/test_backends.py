@@ -150,3 +150,36 @@ def test_score_matches_a_direct_computation(trained, tok):
         assert got.self_certainty[i] == pytest.approx(kl, rel=1e-5)
         assert got.self_certainty[i] > 0
     assert score(trained, tok, prompts, responses, batch_size=64, progress=False).logp == pytest.approx(got.logp)
+
+
+def test_adaptive_sampling_draws_windows_until_each_vote_group_settles(model_dir, tmp_path, tiny_raw, monkeypatch):
+    """The sample stage with sample.adaptive and a vote judge: each prompt gets whole windows, never more
+    than k; a vote group's prompts get the same number; the provenance says what was drawn and why
+    groups stopped; a judge that is not a vote keeps k."""
+    import pandas as pd
+
+    from self_improve import artifacts as art
+
+    prompts = pd.DataFrame([{"iteration": "it1", "prompt_id": f"p{i}/v{v}", "group_id": f"p{i}", "variant": v,
+                             "source": "ttt", "category": "c", "prompt": f"{10 + i}+{34 + v}=", "answer": None}
+                            for i in range(12) for v in range(2)])
+    art.write_table(prompts, tmp_path / "prompts.parquet", art.PROMPTS)
+    monkeypatch.chdir(tmp_path)
+
+    def run(method: str) -> tuple[pd.DataFrame, dict]:
+        raw = {**tiny_raw, "judge": {"method": method},
+               "sample": {**tiny_raw["sample"], "k": 6, "temperature": 1.0, "adaptive": {"enabled": True, "window": 2}}}
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+        sample_stage.main(["--iteration", "it1", "--prompts", "prompts.parquet", "--model", str(model_dir),
+                           "--out", "samples.parquet", "--params", "params.yaml"])
+        return art.read_table("samples.parquet", art.SAMPLES), art.read_provenance("samples.parquet")["drawn"]
+
+    out, drawn = run("co_reward")
+    per_prompt = out.groupby("prompt_id").size()
+    assert set(per_prompt) <= {2, 4, 6} and drawn["samples"] == len(out) == per_prompt.sum()
+    assert drawn["samples_at_k"] == 24 * 6 and drawn["groups"] == 12
+    assert sum(drawn[f"stopped_{r}"] for r in ("no_label", "below_gate", "settled", "unanimous", "full")) == 12
+    assert (out.groupby("group_id")["prompt_id"].value_counts().unstack().nunique(axis=1) == 1).all()
+    assert list(out[out["prompt_id"] == "p0/v0"]["sample_id"]) == [f"p0/v0/s{j}" for j in range(per_prompt["p0/v0"])]
+    out, drawn = run("verifier")
+    assert len(out) == 24 * 6 and drawn["saved_share"] == 0.0

@@ -185,3 +185,26 @@ def test_scores_equal_torch(engine_dir, trained, tok):
     assert ct2.self_certainty == pytest.approx(hf.self_certainty, abs=1e-3)
     assert len({round(x, 3) for x in hf.logp}) > 1  # the rows differ
     assert CT2Sampler(engine_dir).score([], []).logp == []
+
+
+def _first_char(text: str):
+    """A stop rule for the tiny model's digit answers: the answer ends after its first character, once a
+    second one shows it is not the last (as tasks/answers.py's answer_end waits for what follows)."""
+    return 1 if len(text) >= 2 else None
+
+
+@pytest.mark.parametrize("engine", ["hf", "ct2"])
+def test_the_answer_stop_gives_the_unstopped_response_cut_where_its_answer_ends(engine, engine_dir, trained, tok):
+    """Greedy decoding stopped at the answer equals greedy decoding run on and cut there afterwards, on each
+    engine, with fewer tokens generated: the stop never cuts inside what the rule calls the answer."""
+    from self_improve.engines.hf import finish
+
+    run = (lambda spec: generate(trained, tok, PROMPTS, spec, 0, progress=False)) if engine == "hf" else \
+        (lambda spec: CT2Sampler(engine_dir, Ct2Config(batch_size=8)).generate(PROMPTS, spec, 0, progress=False))
+    full = run(SamplingSpec(n=1, greedy=True, max_new_tokens=4, batch_size=8))
+    stopped = run(SamplingSpec(n=1, greedy=True, max_new_tokens=4, batch_size=8, stop_at=_first_char))
+    assert [r[0] for r in stopped] == [finish(r[0], _first_char)[0] for r in full]
+    assert any(len(r[0]) >= 2 for r in full)  # the rule fired somewhere
+    assert stopped.new_tokens < full.new_tokens
+    cut_short = [t[0] for r, f, t in zip(stopped, full, stopped.truncated) if len(f[0]) >= 2]
+    assert cut_short and not any(cut_short)  # a response stopped at its answer is not truncated

@@ -112,12 +112,23 @@ class BstarConfig(_Section):
         return v
 
 
+class AdaptiveConfig(_Section):
+    """Sampling only what a vote needs (ESC, arXiv 2401.10480; Adaptive-Consistency, arXiv 2305.11860):
+    each prompt is sampled `window` responses at a time, and its vote group (a prompt, or a problem and its
+    rewrites for co_reward) stops once more samples cannot change what the judge makes of it."""
+
+    enabled: bool = Field(False, description="adaptive: sample in windows and stop a vote group once its label "
+                          "and pairs are settled, it can have no label, or a whole window agrees (vote judges "
+                          "without a model weighing the votes; the others keep k)")
+    window: int = Field(4, ge=1, description="adaptive: responses per prompt drawn at a time (k at most)")
+
+
 class SampleConfig(_Section):
     backend: Annotated[str, AfterValidator(backend_name)] = Field(
         AUTO, description="sampling engine (sample and evaluate): an entry of the engine table "
         "(self_improve/config/engines.py: vllm, ct2, hf, or one added with `register_engine`), or auto: vllm with a "
         "GPU, else ct2 when installed and the model converts, else hf")
-    k: int = Field(4, ge=1, description="responses per prompt")
+    k: int = Field(4, ge=1, description="responses per prompt (with adaptive sampling: at most)")
     temperature: float = Field(0.7, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(6, ge=1)
@@ -128,6 +139,11 @@ class SampleConfig(_Section):
         8192, ge=1, description="padded tokens per scoring forward pass (log-probs), lowered to fit free memory"
     )
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vllm: share of GPU memory it may take")
+    stop_at_answer: bool = Field(
+        False, description="stop each response where its first complete final answer ends, in the task's "
+        "format (`#### 72`, 'the answer is 72.', a closed \\boxed{}), and cut it there: in sampling and "
+        "evaluation, on every engine (vLLM cuts after decoding)")
+    adaptive: AdaptiveConfig = AdaptiveConfig()
     vllm: VllmConfig = VllmConfig()
     ct2: Ct2Config = Ct2Config()
     bstar: BstarConfig = BstarConfig()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import AfterValidator, Field, model_validator
 
@@ -71,10 +71,11 @@ class TrainConfig(_Section):
         "(None: the whole batch at once); memory grows with this, not with batch_size",
     )
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward: less memory, slower")
-    bf16: bool = Field(
+    bf16: Union[bool, Literal["auto"]] = Field(
         False, description="mixed precision (transformers' TrainingArguments.bf16): forward passes autocast to "
-        "bfloat16, weights, gradients and optimiser state stay float32. Fast where the CPU has AMX (lscpu: "
-        "amx_bf16) and runs with SELF_IMPROVE_CPU_ISA=native; slower under the AVX2 pins",
+        "bfloat16, weights, gradients and optimiser state stay float32. auto: on for a GPU with bfloat16 and a "
+        "CPU with bfloat16 instructions (amx_bf16 or avx512_bf16; the stage lifts the AVX2 pin of oneDNN for "
+        "itself), float32 elsewhere; true on a CPU without them emulates bfloat16, slower than float32",
     )
     dpo: DpoConfig = DpoConfig()
     grpo: GrpoConfig = GrpoConfig()

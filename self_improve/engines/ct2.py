@@ -176,7 +176,7 @@ class CT2Sampler:
     def generate(self, prompts, spec, seed, desc="generate", progress=True):
         from tqdm.auto import tqdm
 
-        from self_improve.engines.hf import Generations
+        from self_improve.engines.hf import Generations, PieceText, finish
 
         if not prompts:
             return Generations()
@@ -195,6 +195,7 @@ class CT2Sampler:
             kwargs.update(sampling_topk=1)
         else:
             kwargs.update(sampling_topk=0, sampling_topp=spec.top_p, sampling_temperature=spec.temperature)
+        stop_at = spec.stop_at
         texts: list[list[str]] = [[] for _ in prompts]
         cut: list[list[bool]] = [[] for _ in prompts]
         counts = [0] * len(prompts)
@@ -202,12 +203,17 @@ class CT2Sampler:
 
         def run(generator, calls: list[list[int]], max_batch: int) -> None:
             for idx in calls:
-                outs = generator.generate_batch([inputs[i] for i in idx], max_batch_size=max_batch, **kwargs)
+                extra = {}
+                if stop_at is not None:  # a hypothesis ends once its text holds a complete answer
+                    rows = PieceText(self.tokenizer, stop_at)
+                    extra["callback"] = lambda step: rows.add((step.batch_id, step.hypothesis_id), step.token_id)
+                outs = generator.generate_batch([inputs[i] for i in idx], max_batch_size=max_batch, **kwargs, **extra)
                 for i, out in zip(idx, outs):
                     for seq in out.sequences_ids:
                         toks, stopped = self.chat.cut_at_stop(seq)
-                        texts[i].append(self.tokenizer.decode(toks, skip_special_tokens=True))
-                        cut[i].append(not stopped)
+                        text, answered = finish(self.tokenizer.decode(toks, skip_special_tokens=True), stop_at)
+                        texts[i].append(text)
+                        cut[i].append(not (stopped or answered))
                         counts[i] += len(toks) + int(stopped)
                 bar.update(len(idx) * spec.n)
 

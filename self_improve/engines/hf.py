@@ -20,6 +20,7 @@ import logging
 import math
 import os
 from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +40,56 @@ class SamplingSpec:
     max_new_tokens: int = 16
     greedy: bool = False
     batch_size: int = 1024  # sequences per generate() call
+    # where a complete final answer ends (the task's `answer_end`): decoding stops there and the text is
+    # cut to it (sample.stop_at_answer); None: until a stop id or max_new_tokens
+    stop_at: Optional[Callable[[str], Optional[int]]] = None
+
+
+def finish(text: str, stop_at: Optional[Callable[[str], Optional[int]]]) -> tuple[str, bool]:
+    """`text` cut where `stop_at` says its answer ends, and whether it did: every engine's last step,
+    so a response is the same text whether the engine stopped decoding there or ran on."""
+    end = stop_at(text) if stop_at is not None else None
+    return (text, False) if end is None else (text[:end], True)
+
+
+class PieceText:
+    """Each row's text as it is generated, from a cache of every token's text: enough to see where an
+    answer ends while decoding (the final text is decoded whole and cut by `finish`)."""
+
+    def __init__(self, tokenizer, stop_at: Callable[[str], Optional[int]]):
+        self.tokenizer, self.stop_at = tokenizer, stop_at
+        self.pieces: dict[int, str] = {}
+        self.texts: dict = {}
+
+    def add(self, key, token_id: int) -> bool:
+        """Append a token to row `key`; True once the row holds a complete answer."""
+        piece = self.pieces.get(token_id)
+        if piece is None:
+            piece = self.pieces[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=True)
+        text = self.texts[key] = self.texts.get(key, "") + piece
+        return self.stop_at(text) is not None
+
+
+def answer_stopping(tokenizer, width: int, stop_at: Callable[[str], Optional[int]]):
+    """A `generate()` stopping criterion that ends each row once its new tokens hold a complete answer."""
+    from transformers import StoppingCriteria
+
+    class AnswerStop(StoppingCriteria):
+        def __init__(self):
+            self.rows = PieceText(tokenizer, stop_at)
+            self.done: Optional[torch.Tensor] = None
+
+        def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+            if self.done is None:
+                self.done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+            if input_ids.shape[1] > width:
+                last = input_ids[:, -1].tolist()
+                for i, t in enumerate(last):
+                    if not self.done[i] and self.rows.add(i, t):
+                        self.done[i] = True
+            return self.done.clone()
+
+    return AnswerStop()
 
 
 class Generations(list):
@@ -106,13 +157,21 @@ def generate(
             kwargs.update(do_sample=False)
         else:
             kwargs.update(do_sample=True, temperature=spec.temperature, top_p=spec.top_p, top_k=0)
+        if spec.stop_at is not None:
+            from transformers import StoppingCriteriaList
+
+            kwargs["stopping_criteria"] = StoppingCriteriaList([answer_stopping(tokenizer, width, spec.stop_at)])
         seqs = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device), **kwargs)
         new = seqs[:, width:].cpu().tolist()
         for j, i in enumerate(idx):
             for r in range(spec.n):
                 toks, stopped = chat.cut_at_stop(new[j * spec.n + r])
-                texts[i].append(tokenizer.decode(toks, skip_special_tokens=True))
-                cut[i].append(not stopped)
+                if spec.stop_at is not None and not stopped:  # a row ended by the answer stop is padded after it
+                    while toks and toks[-1] == pad:
+                        toks = toks[:-1]
+                text, answered = finish(tokenizer.decode(toks, skip_special_tokens=True), spec.stop_at)
+                texts[i].append(text)
+                cut[i].append(not (stopped or answered))
                 new_tokens += len(toks) + int(stopped)
         bar.update(len(idx) * spec.n)
     bar.close()

@@ -23,7 +23,7 @@ from self_improve.config import AUTO, ENGINES, ModelConfig, SampleConfig, Securi
 from self_improve.config.tables import resolve
 from self_improve.engines.ct2 import ct2_unavailable, open_ct2
 from self_improve.engines.engine import read_engine, resolve_backend, vllm_unavailable  # noqa: F401 (re-exported)
-from self_improve.engines.hf import Generations, SamplingSpec, chat_format, generate
+from self_improve.engines.hf import Generations, SamplingSpec, chat_format, finish, generate
 from self_improve.errors import ConfigError, PipelineError
 from self_improve.models.loading import check_model_dir, load_model, merged_copy
 
@@ -102,7 +102,7 @@ class VLLMSampler:
         ids = [self.chat.prompt_ids(p) for p in prompts]
         if self.llm is not None:
             texts, cut, tokens = _vllm_generate(self.llm, ids, params, progress)
-            return Generations(texts, cut, tokens)
+            return _answer_cut(Generations(texts, cut, tokens), spec)
         busy = [(e, share) for e, share in zip(self.engines, split_evenly(ids, len(self.engines))) if share]
         for k, (engine, share) in enumerate(busy):
             engine.send(share, params, progress and k == 0)
@@ -112,7 +112,7 @@ class VLLMSampler:
             texts += t
             cut += c
             tokens += n
-        return Generations(texts, cut, tokens)
+        return _answer_cut(Generations(texts, cut, tokens), spec)
 
     def close(self) -> None:
         for engine in getattr(self, "engines", []):  # also after a failed __init__
@@ -121,6 +121,19 @@ class VLLMSampler:
 
     def __del__(self):
         self.close()
+
+
+def _answer_cut(gens: Generations, spec: SamplingSpec) -> Generations:
+    """vLLM has no stop where an answer ends: the answer stop (spec.stop_at) cuts its texts after decoding,
+    so they equal the other engines' (the tokens past the answer are spent, not kept)."""
+    if spec.stop_at is None:
+        return gens
+    texts, cut = [], []
+    for rs, cs in zip(gens, gens.truncated):
+        done = [finish(r, spec.stop_at) for r in rs]
+        texts.append([t for t, _ in done])
+        cut.append([c and not answered for c, (_, answered) in zip(cs, done)])
+    return Generations(texts, cut, gens.new_tokens)
 
 
 def _vllm_generate(llm, ids: list[list[int]], params: dict, progress: bool):

@@ -144,7 +144,7 @@ class VLLMServerSampler:
     def generate(self, prompts, spec, seed, desc="generate", progress=True):
         from tqdm.auto import tqdm
 
-        from self_improve.engines.hf import Generations
+        from self_improve.engines.hf import Generations, finish
 
         if not prompts:
             return Generations()
@@ -168,8 +168,10 @@ class VLLMServerSampler:
                                     f"{len(chunk)} prompts x n {spec.n}")
             for c in choices:  # index = prompt * n + sample
                 i = start + c["index"] // spec.n
-                texts[i].append(c["text"])
-                cut[i].append(c.get("finish_reason") == "length")
+                # vLLM has no stop of this kind: the answer stop cuts the text after decoding
+                text, answered = finish(c["text"], spec.stop_at)
+                texts[i].append(text)
+                cut[i].append(c.get("finish_reason") == "length" and not answered)
             new_tokens += int(reply.get("usage", {}).get("completion_tokens", 0))
             bar.update(len(chunk) * spec.n)
         bar.close()

@@ -17,10 +17,15 @@ from self_improve.tasks.files import FileTask
 from self_improve.tasks.word_math import WordMathTask
 
 __all__ = ["ArithmeticTask", "Extracted", "FileTask", "Problem", "ProposeInput", "Task", "TaskSets",
-           "WordMathTask", "equivalent", "extract", "gold_answer", "normalise", "task_for"]
+           "WordMathTask", "answer_stop", "equivalent", "extract", "gold_answer", "normalise", "task_for"]
 
 
 def task_for(cfg: TaskConfig) -> Task:
     """The task that `task.name` names in the task table (self_improve/config/tasks.py), configured by
     the rest of the `task` section; reasoning_gym's optional package is imported only when it is built."""
     return cfg.entry.build(cfg)
+
+
+def answer_stop(task: Task, on: bool):
+    """The task's `answer_end` when `sample.stop_at_answer` is on and the task states answers, else None."""
+    return getattr(task, "answer_end", None) if on else None

@@ -137,6 +137,38 @@ def extract(response: str | None) -> Extracted:
     return Extracted(None, None)
 
 
+# Where a stated answer is complete: its number is followed by the end of a line, the end of a sentence
+# (". " or ".\n") or a word, so no digit, decimal or fraction of it can still follow.
+_DONE = r"(?:\.?[ \t]*\n|\.\s|[ \t]+[A-Za-z])"
+_GSM8K_DONE = re.compile(r"####[ \t]*(" + _NUM + r")" + _DONE)
+_ANSWER_IS_DONE = re.compile(
+    r"(?:the\s+(?:final\s+)?answer\s+is|final\s+answer\s*[:=]|answer\s*[:=])[ \t]*[:=]?[ \t]*(" + _NUM + r")" + _DONE,
+    re.IGNORECASE,
+)
+
+
+def answer_end(response: str) -> int | None:
+    """Where the first complete stated answer of `response` ends (the answer kept, the rest cut), or
+    None while it states none: `#### 72` or "the answer is 72" followed by a line end, a sentence end
+    or a word, or a closed `\\boxed{...}`. A bare last number is never complete (another may follow).
+    The engines stop a response there (`sample.stop_at_answer`); the cut keeps a sentence's period."""
+    ends = []
+    for finder in (_GSM8K_DONE, _ANSWER_IS_DONE):
+        m = finder.search(response)
+        if m:
+            end = m.end(1)
+            ends.append(end + 1 if response[end:end + 1] == "." else end)
+    for m in _BOXED.finditer(response):
+        depth, i = 1, m.end()
+        while i < len(response) and depth:
+            depth += {"{": 1, "}": -1}.get(response[i], 0)
+            i += 1
+        if depth == 0:
+            ends.append(i)
+            break
+    return min(ends) if ends else None
+
+
 def gold_answer(text: str | None) -> str | None:
     """A gold answer as data sets write it: after ``####``, inside ``\\boxed{}``, or as written."""
     if text is None or not str(text).strip():

@@ -66,7 +66,8 @@ class Task(Protocol):
     def verify(self, answer: str | None, gold: str | None, category: str | None = None) -> float | None: ...
     # `category`: the problem's (a task whose problems are graded by their source, reasoning_gym)
 
-    # optional: `floors = False` where a policy that reads only the question is the task (self_improve/floors.py);
+    # optional: `answer_end(response) -> int | None`, where a complete final answer ends (the engines stop
+    # there with sample.stop_at_answer; tasks/answers.py); `floors = False` where a policy that reads only the question is the task (self_improve/floors.py);
     # `dev` of TaskSets, a set for design choices, disjoint from held-out and test-time
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from self_improve.tasks.answers import Extracted, equivalent, extract
+from self_improve.tasks.answers import answer_end, Extracted, equivalent, extract
 from self_improve.tasks.arithmetic import arithmetic_warmup
 from self_improve.tasks.base import TaskSets
 
@@ -28,6 +28,11 @@ class FreeTextAnswers:
 
     def extract(self, response: str | None) -> Extracted:
         return extract(response)
+
+    def answer_end(self, response: str) -> int | None:
+        """Where the response's first complete stated answer ends (answers.answer_end); None for
+        open prompts, which state none."""
+        return None if getattr(self, "open_ended", False) else answer_end(response)
 
     def verify(self, answer: str | None, gold: str | None, category: str | None = None) -> float | None:
         return float(equivalent(answer, gold)) if isinstance(gold, str) else None

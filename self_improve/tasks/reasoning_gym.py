@@ -127,6 +127,12 @@ class ReasoningGymTask(FileTask):
         tagged = _ANSWER_TAG.search(response or "")
         return extract(tagged.group(1) if tagged else response)
 
+    def answer_end(self, response: str) -> int | None:
+        """A closed `<answer>...</answer>` ends the answer too (reasoning-gym's own format)."""
+        tagged = _ANSWER_TAG.search(response)
+        ends = [e for e in (tagged.end() if tagged else None, super().answer_end(response)) if e is not None]
+        return min(ends) if ends else None
+
     def inverse(self, prompt: str, answer: str | None) -> list[tuple[str, str]]:
         """An arithmetic question asked backwards with `answer` proposed (tasks/inverse.py), shown as
         the task shows its questions; [] for a question that is not one two-number expression."""

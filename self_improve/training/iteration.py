@@ -24,13 +24,14 @@ import hashlib
 import json
 import logging
 import os
+import time
 from pathlib import Path
 
 import pandas as pd
 import torch
 
 from self_improve.config import Params, TrainConfig
-from self_improve.cpu import PINS, cpu_flags
+from self_improve.cpu import PINS, allow_bf16_kernels, cpu_flags
 from self_improve.distributed import is_fsdp
 from self_improve.engines.hf import chat_format
 from self_improve.models.loading import (
@@ -38,6 +39,7 @@ from self_improve.models.loading import (
     model_identity,
 )
 from self_improve.training.loop import Checkpoints, Schedule, steps_for
+from self_improve.training.throughput import flops_per_token, gemm_rate, row_tokens, throughput
 from self_improve.training.trainers import GRPOTrainer, NFTTrainer, PreferenceTrainer, RunContext, SFTTrainer
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,27 @@ def training_size(cfg: TrainConfig, pairs: pd.DataFrame, sft: pd.DataFrame, grou
     if family == "nft":
         return len(nft_data(groups, cfg.nft.threshold))
     return len(pairs)
+
+
+def training_tokens(cfg: TrainConfig, chat, pairs: pd.DataFrame, sft: pd.DataFrame, groups: pd.DataFrame) -> int:
+    """Tokens of one epoch's training rows (prompt + response + end of turn), as the trainer sees them."""
+    family = cfg.entry.family
+    if family == "sft":
+        return row_tokens(chat, list(sft["prompt"]), list(sft["response"]))
+    if family in ("grpo", "nft"):
+        data = groups if family == "grpo" else nft_data(groups, cfg.nft.threshold)
+        return row_tokens(chat, list(data["prompt"]), list(data["response"]))
+    return sum(row_tokens(chat, list(pairs["prompt"]), list(pairs[side])) for side in ("chosen", "rejected"))
+
+
+def bf16_on(setting: bool | str, device: torch.device) -> bool:
+    """train.bf16 resolved: auto is on for a GPU that supports bfloat16 and a CPU with bfloat16
+    instructions (amx_bf16 or avx512_bf16), float32 elsewhere."""
+    if setting != "auto":
+        return bool(setting)
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
 
 
 def _raft(ctx: RunContext, cfg: TrainConfig, model, pairs, sft, groups):
@@ -104,11 +127,15 @@ def train(model, tokenizer, pairs: pd.DataFrame, sft: pd.DataFrame, groups: pd.D
     and, under FSDP, the gathered full state dict (None otherwise: the model's own weights are whole)."""
     chat = chat_format(model, tokenizer)  # before LoRA wraps it: the base's generation config
     device = next(model.parameters()).device
-    if cfg.bf16 and device.type == "cpu" and "amx_bf16" not in cpu_flags():
-        log.warning("train.bf16 on a CPU without AMX (amx_bf16): bfloat16 may run slower there than float32")
-    elif cfg.bf16 and device.type == "cpu" and os.environ.get("ONEDNN_MAX_CPU_ISA") == PINS["ONEDNN_MAX_CPU_ISA"]:
-        log.warning("train.bf16 under the AVX2 pins: oneDNN cannot use AMX, so training is slower than float32; "
-                    "run with SELF_IMPROVE_CPU_ISA=native (self_improve/cpu.py)")
+    bf16 = bf16_on(cfg.bf16, device)
+    if bf16 and device.type == "cpu":
+        if not {"amx_bf16", "avx512_bf16"} & cpu_flags():
+            log.warning("train.bf16 on a CPU without bfloat16 instructions (amx_bf16, avx512_bf16): emulated, "
+                        "slower than float32")
+        elif allow_bf16_kernels():
+            log.info("train.bf16: oneDNN may use the CPU's bfloat16 kernels in this stage (the AVX2 pin lifted)")
+        elif os.environ.get("ONEDNN_MAX_CPU_ISA") == PINS["ONEDNN_MAX_CPU_ISA"]:
+            log.warning("train.bf16 under an AVX2 pin set outside: oneDNN emulates bfloat16, slower than float32")
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
@@ -121,8 +148,18 @@ def train(model, tokenizer, pairs: pd.DataFrame, sft: pd.DataFrame, groups: pd.D
     # one-step run trains
     sched = Schedule(cfg.lr, steps, warmup_steps=max(0, min(10, n, steps - 1)))
     ctx = RunContext(tokenizer, sched, cfg.batch_size, seed, cfg.micro, cfg.max_grad_norm, accelerator,
-                     checkpoints, chat, max_length, torch.bfloat16 if cfg.bf16 else None)
+                     checkpoints, chat, max_length, torch.bfloat16 if bf16 else None)
+    start = time.perf_counter()
     out = TRAINERS[cfg.entry.family](ctx, cfg, model, pairs, sft, groups)
+    seconds = time.perf_counter() - start
+    if n and not out.resumed_from:  # the share of the machine's matmul rate (training/throughput.py)
+        tokens = training_tokens(cfg, chat, pairs, sft, groups) * cfg.epochs
+        rate = gemm_rate(torch.bfloat16 if bf16 else next(model.parameters()).dtype, device)
+        out.speed = throughput(tokens, seconds, flops_per_token(model, cfg.lora.enabled), rate)
+        out.speed.update(train_seconds=seconds, train_bf16=float(bf16))
+        log.info("train: %.0f tokens/s, %.1f%% of the machine's %s matmul rate (%.1f GFLOP/s)",
+                 out.speed["train_tokens_per_s"], 100 * out.speed["train_matmul_share"],
+                 "bfloat16" if bf16 else "float32", rate / 1e9)
     if n == 0:
         log.warning("no training data this iteration: the model is passed on unchanged")
     full_state = None

@@ -50,6 +50,7 @@ class TrainLog:
     losses: list[float] = field(default_factory=list)
     extra: dict[str, list[float]] = field(default_factory=dict)
     resumed_from: int = 0
+    speed: dict[str, float] = field(default_factory=dict)  # tokens/s and the matmul share (training/throughput.py)
 
     def add(self, loss: float, **kw: float) -> None:
         self.losses.append(loss)
@@ -67,7 +68,7 @@ class TrainLog:
         }
         for k, v in self.extra.items():
             out[k] = sum(v[-tail:]) / tail
-        return out
+        return {**out, **self.speed}
 
 
 class Checkpoints:

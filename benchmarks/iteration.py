@@ -1,0 +1,205 @@
+"""One real-model iteration timed with today's settings and with the fast ones, and what each fast setting
+costs in labels, pairs and answers (`make bench-real`'s `iteration` and `adaptive` figures).
+
+1. `adaptive`: it0 samples k responses to it1's prompts drawn from the dev set (the recipe's rule, its
+   rewrites), once; adaptive sampling is then replayed on that fixed stream for each window: the share of
+   samples it would draw, and the share of vote groups whose label, and of prompts whose pair (whether
+   there is one, and its chosen answer), equal what all k samples give. The stream is drawn with the
+   answer stop, and its new tokens are set beside the same prompts' tokens without it.
+2. `iteration`: the stages of it0 and it1 without DVC (flows/plain.py) in two workspaces, one with
+   today's settings (`TODAY`: every response sampled k times and run to its end, float32 training) and
+   one with the recipe's; the seconds of it1's sample, judge, pairs, train, engine and evaluate stages
+   (SELF_IMPROVE_TIMINGS), their shares, and the ratio of the two iterations' seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+# the settings issue-free loops ran with before the fast ones: what `iteration` compares against
+TODAY = {"sample.adaptive.enabled": False, "sample.stop_at_answer": False, "train.bf16": False}
+ITERATION_STAGES = ("sample", "judge", "pairs", "train", "engine", "evaluate")
+
+
+def recipe_params(recipe: str, rule: str, seed: int, sets: dict | None = None, root: Path = ROOT) -> dict:
+    """params.yaml's tree with the recipe, the rule and `sets` on top."""
+    from self_improve import recipes
+
+    raw = yaml.safe_load((root / "params.yaml").read_text())
+    over = recipes.load(root / recipes.path_of(recipe)) | recipes.load(root / recipes.RULES / f"{rule}.yaml")
+    return recipes.apply(raw, over | {"seed": seed} | (sets or {}))
+
+
+def _setup(model_dir: Path, recipe: str, rule: str, seed: int):
+    from self_improve.config import parse_params
+    from self_improve.tasks import task_for
+
+    params = parse_params(recipe_params(recipe, rule, seed, {"model.base": str(model_dir)}), recipe)
+    return params, task_for(params.task)
+
+
+def adaptive_stream(model_dir: Path, recipe: str = "smollm2-v3", rule: str = "co_reward+validity_any",
+                    problems: int = 64, windows: tuple[int, ...] = (2, 4), seed: int = 0,
+                    without_stop: bool = True, keep: Path | None = None) -> dict:
+    """Adaptive sampling replayed on one fixed stream of it0's samples (see the module's docstring)."""
+    import pandas as pd
+
+    from self_improve.cli import derive_seed
+    from self_improve.engines.sampler import open_sampler
+    from self_improve.models.loading import set_threads
+    from self_improve.sampling import sample
+    from self_improve.tasks import ProposeInput
+
+    set_threads()
+    params, task = _setup(model_dir, recipe, rule, seed)
+    sets = task.sets(derive_seed(params.seed, "split"), params.prepare.train_size)
+    dev = sets.dev.head(problems)
+    inp = ProposeInput(params.evolve.model_copy(update={"fresh": 0}), "it1", derive_seed(params.seed, "evolve", "it1"),
+                       dev, sets.heldout, pd.DataFrame(), rewrites=params.judge.entry.needs_rewrites)
+    prompts = task.propose(inp).reset_index(drop=True)
+    sampler = open_sampler(str(model_dir), params.sample, params.security, model_cfg=params.model)
+    cfg = params.sample.model_copy(update={"adaptive": params.sample.adaptive.model_copy(update={"enabled": False})})
+    start = time.perf_counter()
+    stats: dict = {}
+    full = sample(sampler, prompts, cfg, seed, task, progress=False, stats=stats)
+    seconds = time.perf_counter() - start
+    if keep is not None:  # the stream, for a reader to replay other rules on
+        full.to_parquet(keep)
+    plain: dict = {}
+    if without_stop:
+        sample(sampler, prompts, cfg.model_copy(update={"stop_at_answer": False}), seed, task, progress=False,
+               stats=plain)
+    out = {"problems": len(dev), "prompts": len(prompts), "k": cfg.k, "temperature": cfg.temperature,
+           "rule": rule, "sample_seconds": round(seconds, 1), "new_tokens_with_stop": stats["new_tokens"],
+           "new_tokens_without_stop": plain.get("new_tokens"),
+           "stop_tokens_saved_share": round(1 - stats["new_tokens"] / plain["new_tokens"], 3) if plain else None}
+    return out | {"windows": replay(full, params, task, windows, seed)}
+
+
+def replay(full, params, task, windows: tuple[int, ...] = (2, 4), seed: int = 0) -> dict:
+    """Adaptive sampling on the fixed stream `full` (a samples table with k per prompt), per window: what it
+    draws and stops, and the share of vote groups whose label, and of prompts whose pair (one or none, and
+    its chosen answer), equal the whole stream's."""
+    import pandas as pd
+
+    from self_improve import adaptive
+    from self_improve.judges import context, judge_samples
+    from self_improve.judges.validity import invalid_reason
+    from self_improve.pairs import build
+
+    judge, k = params.judge, params.sample.k
+    ctx = context(params, {}, task=task, cfg=judge)
+    key = adaptive.vote_key(judge)
+    question = getattr(task, "question", lambda p: p)
+    prompts = full.drop_duplicates("prompt_id").reset_index(drop=True)
+
+    def made(table: pd.DataFrame) -> tuple[dict, dict]:
+        judged = judge_samples(table, judge, ctx)
+        labels = judged.drop_duplicates(key).set_index(key)["label"].to_dict()
+        pairs, _ = build(judged, params.pairs, 0)
+        chosen = {pid: task.extract(c).answer for pid, c in zip(pairs["prompt_id"], pairs["chosen"])}
+        return labels, chosen
+
+    full_labels, full_pairs = made(full)
+    by_prompt = {pid: g["response"].tolist() for pid, g in full.groupby("prompt_id", sort=False)}
+    pids, groups = list(prompts["prompt_id"]), [str(g) for g in prompts[key]]
+
+    def vote(i: int, response: str):
+        pred = task.extract(response).answer
+        if pred is not None and judge.validity and invalid_reason(question(prompts["prompt"][i]), response, pred,
+                                                                  judge.restates.value) is not None:
+            return None
+        return pred
+
+    out = {}
+    for window in windows:
+        taken = {i: 0 for i in range(len(pids))}
+
+        def generate(idx, n, _seed):
+            got = []
+            for i in idx:
+                rows = by_prompt[pids[i]][taken[i]:taken[i] + n]
+                taken[i] += len(rows)
+                got.append(rows)
+            return got, [[False] * len(g) for g in got], 0
+
+        drawn = adaptive.draw(generate, groups, vote, k, window, judge.min_share, seed, adaptive.harmonic_of(judge))
+        kept = full.groupby("prompt_id", sort=False).cumcount() < full["prompt_id"].map(
+            {pids[i]: taken[i] for i in taken})
+        labels, chosen = made(full[kept].reset_index(drop=True))
+        same_label = sum(labels.get(g) == full_labels[g] or (pd.isna(labels.get(g)) and pd.isna(full_labels[g]))
+                         for g in full_labels)
+        same_pair = sum((p in chosen) == (p in full_pairs) and chosen.get(p) == full_pairs.get(p) for p in pids)
+        tokens_kept = sum(len(r) for pid in pids for r in by_prompt[pid][:taken[pids.index(pid)]])
+        out[str(window)] = {
+            **{k_: v for k_, v in drawn.stats.items() if k_ != "samples_at_k"},
+            "saved_share": round(drawn.stats["saved_share"], 3),
+            "chars_saved_share": round(1 - tokens_kept / max(1, full["response"].str.len().sum()), 3),
+            "labels_at_k": int(sum(not pd.isna(v) for v in full_labels.values())),
+            "labels_adaptive": int(sum(not pd.isna(v) for v in labels.values())),
+            "label_equal_share": round(same_label / len(full_labels), 3),
+            "pairs_equal_share": round(same_pair / len(pids), 3),
+            "pairs_at_k": len(full_pairs), "pairs_adaptive": len(chosen),
+        }
+    return out
+
+
+def iteration(model_dir: Path, work: Path, recipe: str = "smollm2-v3", rule: str = "co_reward+validity_any",
+              seed: int = 0, sets: dict | None = None) -> dict:
+    """it1's stages timed with TODAY's settings and with the recipe's (see the module's docstring)."""
+    from flows.plain import launch, log_tail, prepare_workspace
+
+    result: dict = {"recipe": recipe, "rule": rule, "seed": seed, "runs": {}}
+    base = {"model.base": str(model_dir.resolve()), "loop": {"it1": {"prev": "it0", "ref": "init"}}}
+    for name, over in (("today", TODAY), ("fast", {})):
+        tree = recipe_params(recipe, rule, seed, {**base, **(sets or {}), **over})
+        ws = prepare_workspace(work / name, yaml.safe_dump(tree, sort_keys=False))
+        timings = ws / "timings.jsonl"
+        start = time.perf_counter()
+        code = launch(ws, env={"SELF_IMPROVE_TIMINGS": str(timings)})
+        wall = time.perf_counter() - start
+        if code:
+            raise SystemExit(f"bench iteration ({name}) failed:\n{log_tail(ws)}")
+        rows = [json.loads(line) for line in timings.read_text().splitlines() if line.strip()]
+        stages = {r["stage"]: round(r["seconds"], 1) for r in rows if r.get("iteration") == "it1"
+                  and r["stage"] in ITERATION_STAGES}
+        total = sum(stages.values())
+        metrics = json.loads((ws / "reports/iterations/it1/metrics.json").read_text())
+        train = json.loads((ws / "data/it1/train_metrics.json").read_text())
+        drawn = _provenance(ws / "data/it1/samples.parquet").get("drawn", {})
+        result["runs"][name] = {
+            "iteration_seconds": round(total, 1), "wall_seconds_it0_and_it1": round(wall, 1), "stages": stages,
+            "shares": {s: round(v / total, 3) for s, v in stages.items()},
+            "samples": drawn.get("samples"), "samples_at_k": drawn.get("samples_at_k"),
+            "sample_new_tokens": drawn.get("new_tokens"), "pairs": metrics.get("num_pairs"),
+            "heldout_accuracy_it1": metrics.get("accuracy"), "eval_truncated_share": metrics.get("eval_truncated_share"),
+            **{k: train.get(k) for k in ("train_tokens_per_s", "train_matmul_share", "train_gemm_flops_per_s",
+                                         "train_bf16", "train_seconds")},
+        }
+    today, fast = result["runs"]["today"]["iteration_seconds"], result["runs"]["fast"]["iteration_seconds"]
+    result["ratio"] = round(today / fast, 2) if fast else None
+    return result
+
+
+def _provenance(path: Path) -> dict:
+    import pyarrow.parquet as pq
+
+    from self_improve.artifacts import PROVENANCE_KEY
+
+    meta = pq.read_schema(path).metadata or {}
+    raw = meta.get(PROVENANCE_KEY.encode()) or meta.get(PROVENANCE_KEY)
+    return json.loads(raw) if raw else {}
+
+
+if __name__ == "__main__":  # python -m benchmarks.iteration MODEL: the adaptive replay alone, printed
+    import sys
+
+    print(json.dumps(adaptive_stream(Path(sys.argv[1] if len(sys.argv) > 1 else "models/smollm2-135m-instruct"),
+                                     problems=int(os.environ.get("PROBLEMS", "64")), without_stop=False,
+                                     keep=Path(os.environ["KEEP"]) if os.environ.get("KEEP") else None), indent=1))
