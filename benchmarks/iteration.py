@@ -8,7 +8,7 @@ costs in labels, pairs and answers (`make bench-real`'s `iteration` and `adaptiv
    answer stop, and its new tokens are set beside the same prompts' tokens without it.
 2. `iteration`: the stages of it0 and it1 without DVC (flows/plain.py) in two workspaces, one with
    today's settings (`TODAY`: every response sampled k times and run to its end, float32 training) and
-   one with the recipe's; the seconds of it1's sample, judge, pairs, train, engine and evaluate stages
+   one with the fast ones (`FAST`); the seconds of it1's sample, judge, pairs, train, engine and evaluate stages
    (SELF_IMPROVE_TIMINGS), their shares, and the ratio of the two iterations' seconds.
 """
 
@@ -24,6 +24,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 # the settings issue-free loops ran with before the fast ones: what `iteration` compares against
 TODAY = {"sample.adaptive.enabled": False, "sample.stop_at_answer": False, "train.bf16": False}
+# the fast settings set against them (the real-model recipes keep TODAY's until whole loops compare the two)
+FAST = {"sample.adaptive.enabled": True, "sample.adaptive.window": 2, "sample.stop_at_answer": True, "train.bf16": "auto"}
 ITERATION_STAGES = ("sample", "judge", "pairs", "train", "engine", "evaluate")
 
 
@@ -64,7 +66,8 @@ def adaptive_stream(model_dir: Path, recipe: str = "smollm2-v3", rule: str = "co
                        dev, sets.heldout, pd.DataFrame(), rewrites=params.judge.entry.needs_rewrites)
     prompts = task.propose(inp).reset_index(drop=True)
     sampler = open_sampler(str(model_dir), params.sample, params.security, model_cfg=params.model)
-    cfg = params.sample.model_copy(update={"adaptive": params.sample.adaptive.model_copy(update={"enabled": False})})
+    cfg = params.sample.model_copy(update={"stop_at_answer": True,
+                                           "adaptive": params.sample.adaptive.model_copy(update={"enabled": False})})
     start = time.perf_counter()
     stats: dict = {}
     full = sample(sampler, prompts, cfg, seed, task, progress=False, stats=stats)
@@ -157,7 +160,7 @@ def iteration(model_dir: Path, work: Path, recipe: str = "smollm2-v3", rule: str
 
     result: dict = {"recipe": recipe, "rule": rule, "seed": seed, "runs": {}}
     base = {"model.base": str(model_dir.resolve()), "loop": {"it1": {"prev": "it0", "ref": "init"}}}
-    for name, over in (("today", TODAY), ("fast", {})):
+    for name, over in (("today", TODAY), ("fast", FAST)):
         tree = recipe_params(recipe, rule, seed, {**base, **(sets or {}), **over})
         ws = prepare_workspace(work / name, yaml.safe_dump(tree, sort_keys=False))
         timings = ws / "timings.jsonl"

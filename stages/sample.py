@@ -17,7 +17,7 @@ from self_improve.tasks import task_for
 # the params keys this stage reads: dvc.yaml's params for it, and its provenance (the judge's keys that
 # adaptive sampling reads: which votes, their gate and the validity check)
 PARAMS = ("seed", "model", "task", "sample", "security", "judge.method", "judge.min_share", "judge.min_share_step",
-          "judge.validity", "judge.restates", "judge.cross_view", "judge.frozen", "judge.inverse")
+          "judge.validity", "judge.restates", "judge.cross_view", "judge.frozen")
 
 
 def _args(p: argparse.ArgumentParser) -> None:

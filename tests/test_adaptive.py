@@ -131,8 +131,10 @@ def test_bf16_auto_follows_the_cpu_and_the_pin_is_lifted_only_where_this_project
     from self_improve.training import iteration
 
     cpu_only = torch.device("cpu")
-    monkeypatch.setattr(iteration, "cpu_flags", lambda: {"avx2", "avx512_bf16"})
+    monkeypatch.setattr(iteration, "cpu_flags", lambda: {"avx2", "avx512_bf16", "amx_bf16"})
     assert iteration.bf16_on("auto", cpu_only) and iteration.bf16_on(True, cpu_only)
+    monkeypatch.setattr(iteration, "cpu_flags", lambda: {"avx2", "avx512_bf16"})  # a loop stalled there at it2
+    assert not iteration.bf16_on("auto", cpu_only) and iteration.bf16_on(True, cpu_only)
     monkeypatch.setattr(iteration, "cpu_flags", lambda: {"avx2"})
     assert not iteration.bf16_on("auto", cpu_only) and not iteration.bf16_on(False, cpu_only)
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")

@@ -84,13 +84,14 @@ def training_tokens(cfg: TrainConfig, chat, pairs: pd.DataFrame, sft: pd.DataFra
 
 
 def bf16_on(setting: bool | str, device: torch.device) -> bool:
-    """train.bf16 resolved: auto is on for a GPU that supports bfloat16 and a CPU with bfloat16
-    instructions (amx_bf16 or avx512_bf16), float32 elsewhere."""
+    """train.bf16 resolved: auto is on for a GPU that supports bfloat16 and a CPU with AMX (amx_bf16),
+    where whole loops trained in it; float32 elsewhere. Not on avx512_bf16 alone: there a loop's second
+    iteration sat in torch's single-threaded reference GEMM for a backward matmul (docs/speed.md)."""
     if setting != "auto":
         return bool(setting)
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
-    return device.type == "cpu" and bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
+    return device.type == "cpu" and "amx_bf16" in cpu_flags()
 
 
 def _raft(ctx: RunContext, cfg: TrainConfig, model, pairs, sft, groups):
