@@ -174,7 +174,7 @@ def iteration(model_dir: Path, work: Path, recipe: str = "smollm2-v3", rule: str
                   and r["stage"] in ITERATION_STAGES}
         total = sum(stages.values())
         metrics = json.loads((ws / "reports/iterations/it1/metrics.json").read_text())
-        train = json.loads((ws / "data/it1/train_metrics.json").read_text())
+        train = next(r for r in rows if r["stage"] == "train" and r.get("iteration") == "it1")  # its speed figures
         drawn = _provenance(ws / "data/it1/samples.parquet").get("drawn", {})
         result["runs"][name] = {
             "iteration_seconds": round(total, 1), "wall_seconds_it0_and_it1": round(wall, 1), "stages": stages,

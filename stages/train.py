@@ -9,7 +9,7 @@ import logging
 import sys
 
 from self_improve import artifacts as art
-from self_improve.cli import derive_seed, run_stage, stage_provenance
+from self_improve.cli import derive_seed, note_timing, run_stage, stage_provenance
 from self_improve.config import Params
 from self_improve.distributed import make_accelerator, relaunch
 from self_improve.models.loading import (
@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None) -> None:
         seed = derive_seed(params.seed, "train", args.iteration)
         trained, train_log, n, full_state = train(model.to(accelerator.device), tokenizer, pairs, sft, groups, params.train,
                                       seed, accelerator, ckpt, params.model.max_length)
+        for key, value in train_log.speed.items():  # SELF_IMPROVE_TIMINGS' record, not an output
+            note_timing(key, value)
         if not accelerator.is_main_process:
             return
         metrics = {"train_examples": n, "train_processes": accelerator.num_processes,

@@ -142,3 +142,25 @@ def test_bf16_auto_follows_the_cpu_and_the_pin_is_lifted_only_where_this_project
     assert not cpu.allow_bf16_kernels()  # the user's own pin stays
     monkeypatch.setenv(cpu.PINNED_BY, "1")
     assert cpu.allow_bf16_kernels() and cpu.os.environ["ONEDNN_MAX_CPU_ISA"] == "ALL"
+
+
+def test_training_reports_its_share_of_the_machines_matmul_rate(tok, trained):
+    """train() measures tokens/s and the GEMM rate of the machine in its dtype (training/throughput.py);
+    the figures go to the stage's timing record, not to train_metrics.json, which must not change on a rerun."""
+    import copy
+
+    from self_improve import artifacts as art
+    from self_improve.config import TrainConfig
+    from self_improve.training.iteration import train
+
+    prompts = [f"{a}+{b}=" for a, b in zip(range(10, 26), range(30, 46))]
+    pairs = pd.DataFrame([{"iteration": "it1", "prompt_id": p, "prompt": p, "chosen": str(eval(p[:-1])),
+                           "rejected": "7", "chosen_reward": 1.0, "rejected_reward": 0.0, "chosen_correct": 1.0,
+                           "rejected_correct": 0.0, "consistency": None, "weight": None} for p in prompts],
+                         columns=art.PAIRS.names)
+    empty = pd.DataFrame(columns=art.SFT.names), pd.DataFrame(columns=art.GROUPS.names)
+    cfg = TrainConfig(algorithm="dpo", epochs=1, batch_size=8, checkpoint_every=0)
+    _, log, n, _ = train(copy.deepcopy(trained), tok, pairs, *empty, cfg, seed=0)
+    assert n == 16 and log.speed["train_tokens_per_s"] > 0 and log.speed["train_gemm_flops_per_s"] > 0
+    assert 0 < log.speed["train_matmul_share"] < 1 and log.speed["train_bf16"] == 0.0
+    assert not set(log.speed) & set(log.summary())

@@ -78,8 +78,7 @@ def test_every_method_runs_the_loop(variant_run):
         assert (per.mean().abs() < 1e-9).all() and (per.std() > 0).all()
         tm = art.read_json(root / "data/it1/train_metrics.json")
         assert {"clip_fraction", "kl"} <= set(tm)
-        # training's speed against the machine's own matmul rate (training/throughput.py)
-        assert tm["train_tokens_per_s"] > 0 and tm["train_gemm_flops_per_s"] > 0 and 0 < tm["train_matmul_share"] < 1
+        assert "train_tokens_per_s" not in tm  # a timing: in SELF_IMPROVE_TIMINGS' record, never in an output
     elif name == "nft":
         from self_improve.training.iteration import nft_data
 

@@ -50,7 +50,9 @@ class TrainLog:
     losses: list[float] = field(default_factory=list)
     extra: dict[str, list[float]] = field(default_factory=dict)
     resumed_from: int = 0
-    speed: dict[str, float] = field(default_factory=dict)  # tokens/s and the matmul share (training/throughput.py)
+    # tokens/s and the matmul share (training/throughput.py): timings, so not in summary() (an output of the
+    # stage must not change when it is run again); the train stage adds them to its timing record
+    speed: dict[str, float] = field(default_factory=dict)
 
     def add(self, loss: float, **kw: float) -> None:
         self.losses.append(loss)
@@ -68,7 +70,7 @@ class TrainLog:
         }
         for k, v in self.extra.items():
             out[k] = sum(v[-tail:]) / tail
-        return {**out, **self.speed}
+        return out
 
 
 class Checkpoints:
