@@ -47,16 +47,22 @@ class Extracted:
     form: str | None  # which convention matched (FORMS), None when none did
 
 
-def _boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...} with balanced braces."""
-    last = None
+def _boxes(text: str):
+    """(content start, end after the closing brace) of each \\boxed{...} whose braces balance, in order."""
     for m in _BOXED.finditer(text):
         depth, i = 1, m.end()
         while i < len(text) and depth:
             depth += {"{": 1, "}": -1}.get(text[i], 0)
             i += 1
         if depth == 0:
-            last = text[m.end(): i - 1]
+            yield m.end(), i
+
+
+def _boxed(text: str) -> str | None:
+    """Content of the last \\boxed{...} with balanced braces."""
+    last = None
+    for start, end in _boxes(text):
+        last = text[start: end - 1]
     return last
 
 
@@ -158,14 +164,9 @@ def answer_end(response: str) -> int | None:
         if m:
             end = m.end(1)
             ends.append(end + 1 if response[end:end + 1] == "." else end)
-    for m in _BOXED.finditer(response):
-        depth, i = 1, m.end()
-        while i < len(response) and depth:
-            depth += {"{": 1, "}": -1}.get(response[i], 0)
-            i += 1
-        if depth == 0:
-            ends.append(i)
-            break
+    first_box = next(_boxes(response), None)
+    if first_box is not None:
+        ends.append(first_box[1])
     return min(ends) if ends else None
 
 
