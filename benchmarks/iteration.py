@@ -93,13 +93,12 @@ def replay(full, params, task, windows: tuple[int, ...] = (2, 4), seed: int = 0)
 
     from self_improve import adaptive
     from self_improve.judges import context, judge_samples
-    from self_improve.judges.validity import invalid_reason
     from self_improve.pairs import build
+    from self_improve.sampling import vote_reader
 
     judge, k = params.judge, params.sample.k
     ctx = context(params, {}, task=task, cfg=judge)
     key = adaptive.vote_key(judge)
-    question = getattr(task, "question", lambda p: p)
     prompts = full.drop_duplicates("prompt_id").reset_index(drop=True)
 
     def made(table: pd.DataFrame) -> tuple[dict, dict]:
@@ -113,12 +112,7 @@ def replay(full, params, task, windows: tuple[int, ...] = (2, 4), seed: int = 0)
     by_prompt = {pid: g["response"].tolist() for pid, g in full.groupby("prompt_id", sort=False)}
     pids, groups = list(prompts["prompt_id"]), [str(g) for g in prompts[key]]
 
-    def vote(i: int, response: str):
-        pred = task.extract(response).answer
-        if pred is not None and judge.validity and invalid_reason(question(prompts["prompt"][i]), response, pred,
-                                                                  judge.restates.value) is not None:
-            return None
-        return pred
+    vote = vote_reader(task, judge, list(prompts["prompt"]))
 
     out = {}
     for window in windows:
@@ -139,11 +133,11 @@ def replay(full, params, task, windows: tuple[int, ...] = (2, 4), seed: int = 0)
         same_label = sum(labels.get(g) == full_labels[g] or (pd.isna(labels.get(g)) and pd.isna(full_labels[g]))
                          for g in full_labels)
         same_pair = sum((p in chosen) == (p in full_pairs) and chosen.get(p) == full_pairs.get(p) for p in pids)
-        tokens_kept = sum(len(r) for pid in pids for r in by_prompt[pid][:taken[pids.index(pid)]])
+        chars_kept = sum(len(r) for i, pid in enumerate(pids) for r in by_prompt[pid][:taken[i]])
         out[str(window)] = {
             **{k_: v for k_, v in drawn.stats.items() if k_ != "samples_at_k"},
             "saved_share": round(drawn.stats["saved_share"], 3),
-            "chars_saved_share": round(1 - tokens_kept / max(1, full["response"].str.len().sum()), 3),
+            "chars_saved_share": round(1 - chars_kept / max(1, full["response"].str.len().sum()), 3),
             "labels_at_k": int(sum(not pd.isna(v) for v in full_labels.values())),
             "labels_adaptive": int(sum(not pd.isna(v) for v in labels.values())),
             "label_equal_share": round(same_label / len(full_labels), 3),
@@ -155,8 +149,9 @@ def replay(full, params, task, windows: tuple[int, ...] = (2, 4), seed: int = 0)
 
 def iteration(model_dir: Path, work: Path, recipe: str = "smollm2-v3", rule: str = "co_reward+validity_any",
               seed: int = 0, sets: dict | None = None) -> dict:
-    """it1's stages timed with TODAY's settings and with the recipe's (see the module's docstring)."""
+    """it1's stages timed with TODAY's settings and with FAST's (see the module's docstring)."""
     from flows.plain import launch, log_tail, prepare_workspace
+    from self_improve.artifacts import read_provenance
 
     result: dict = {"recipe": recipe, "rule": rule, "seed": seed, "runs": {}}
     base = {"model.base": str(model_dir.resolve()), "loop": {"it1": {"prev": "it0", "ref": "init"}}}
@@ -175,7 +170,7 @@ def iteration(model_dir: Path, work: Path, recipe: str = "smollm2-v3", rule: str
         total = sum(stages.values())
         metrics = json.loads((ws / "reports/iterations/it1/metrics.json").read_text())
         train = next(r for r in rows if r["stage"] == "train" and r.get("iteration") == "it1")  # its speed figures
-        drawn = _provenance(ws / "data/it1/samples.parquet").get("drawn", {})
+        drawn = (read_provenance(ws / "data/it1/samples.parquet") or {}).get("drawn", {})
         result["runs"][name] = {
             "iteration_seconds": round(total, 1), "wall_seconds_it0_and_it1": round(wall, 1), "stages": stages,
             "shares": {s: round(v / total, 3) for s, v in stages.items()},
@@ -188,16 +183,6 @@ def iteration(model_dir: Path, work: Path, recipe: str = "smollm2-v3", rule: str
     today, fast = result["runs"]["today"]["iteration_seconds"], result["runs"]["fast"]["iteration_seconds"]
     result["ratio"] = round(today / fast, 2) if fast else None
     return result
-
-
-def _provenance(path: Path) -> dict:
-    import pyarrow.parquet as pq
-
-    from self_improve.artifacts import PROVENANCE_KEY
-
-    meta = pq.read_schema(path).metadata or {}
-    raw = meta.get(PROVENANCE_KEY.encode()) or meta.get(PROVENANCE_KEY)
-    return json.loads(raw) if raw else {}
 
 
 if __name__ == "__main__":  # python -m benchmarks.iteration MODEL: the adaptive replay alone, printed

@@ -11,7 +11,7 @@ makes of it (self_improve/adaptive.py), so a prompt has between `window` and k s
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import pandas as pd
 
@@ -56,22 +56,29 @@ def sample(sampler: Sampler, prompts: pd.DataFrame, cfg: SampleConfig, seed: int
     return rows
 
 
+def vote_reader(task: Task, judge: JudgeConfig, prompts: list[str]) -> Callable[[int, str], Optional[str]]:
+    """`vote(i, response)`: the answer a response to prompts[i] votes for, as the judge reads it (None:
+    no answer, or with judge.validity an invalid response, which does not vote: judges/registry.py)."""
+    question = getattr(task, "question", lambda prompt: prompt)
+
+    def vote(i: int, response: str) -> Optional[str]:
+        pred = task.extract(response).answer
+        if pred is not None and judge.validity and \
+                invalid_reason(question(prompts[i]), response, pred, judge.restates.value) is not None:
+            return None
+        return pred
+
+    return vote
+
+
 def _adaptive(sampler: Sampler, prompts: pd.DataFrame, cfg: SampleConfig, seed: int, task: Task,
               judge: JudgeConfig, key: str, progress: bool) -> adaptive.Drawn:
     prompt_list = list(prompts["prompt"])
-    question = getattr(task, "question", lambda prompt: prompt)
 
     def generate(idx: list[int], n: int, round_seed: int):
         res = sampler.generate([prompt_list[i] for i in idx], spec_of(cfg, task, n), round_seed,
                                desc=f"sample ({len(idx)} prompts x {n})", progress=progress)
         return list(res), res.truncated, res.new_tokens
 
-    def vote(i: int, response: str) -> Optional[str]:
-        pred = task.extract(response).answer
-        if pred is not None and judge.validity and \
-                invalid_reason(question(prompt_list[i]), response, pred, judge.restates.value) is not None:
-            return None  # an invalid response does not vote (judges/registry.py)
-        return pred
-
-    return adaptive.draw(generate, [str(g) for g in prompts[key]], vote, cfg.k, cfg.adaptive.window,
-                         judge.min_share, seed, adaptive.harmonic_of(judge))
+    return adaptive.draw(generate, [str(g) for g in prompts[key]], vote_reader(task, judge, prompt_list), cfg.k,
+                         cfg.adaptive.window, judge.min_share, seed, adaptive.harmonic_of(judge))
