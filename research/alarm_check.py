@@ -2,7 +2,7 @@
 
     python -m research.alarm_check --out research/results/alarm_check.md
 
-Reads every kept result (reports/<dir>/<variant>/s<seed>.json and reports/<dir>/<name>-s<seed>.json),
+Reads every kept result (`runs`: research/results/ and reports/, <dir>/<variant>/s<seed>.json and <dir>/<name>-s<seed>.json),
 runs `quality.reward_hacking_alarm` on its per-iteration metrics, and sets that beside the truth:
 whether some iteration's held-out accuracy fell below it0's by more than 2 standard errors of the
 difference (binomial s.e. of each, as the alarm reads them). Older results without `accuracy_se`
@@ -54,15 +54,25 @@ def lost(rows: list[dict], z: float = 2.0) -> str | None:
     return None
 
 
-def runs() -> list[tuple[str, dict]]:
-    """Every kept result under reports/: `<dir>/<variant>/s<seed>.json` (flows/experiments.py: seeds, bstar,
-    scaling) and `<dir>/<name>-s<seed>.json` (research/real_loops.py: smollm2*, engine_loop)."""
+KEPT = ("research/results", "reports")  # where kept results live (reports/: the tiny seeds the pipeline's docs cite)
+
+
+def runs(root: Path = ROOT) -> list[tuple[str, dict]]:
+    """Every kept result under research/results/ and reports/: `<dir>/<variant>/s<seed>.json`
+    (flows/experiments.py: seeds, bstar, scaling) and `<dir>/<name>-s<seed>.json` (research/real_loops.py:
+    smollm2*, engine_loop); those without per-iteration metrics are left out."""
     found = []
-    for d in sorted(p for p in (ROOT / "reports").iterdir() if p.is_dir()):
-        found += [(f"{d.name}/{p.parent.name}/{p.stem}", p) for p in sorted(d.glob("*/s*.json"))
-                  if re.fullmatch(r"s\d+", p.stem)]
-        found += [(f"{d.name}/{p.stem}", p) for p in sorted(d.glob("*-s*.json")) if re.search(r"-s\d+$", p.stem)]
-    return [(name, json.loads(p.read_text())) for name, p in found]
+    for top in KEPT:
+        for d in sorted(p for p in (root / top).iterdir() if p.is_dir()):
+            found += [(f"{d.name}/{p.parent.name}/{p.stem}", p) for p in sorted(d.glob("*/s*.json"))
+                      if re.fullmatch(r"s\d+", p.stem)]
+            found += [(f"{d.name}/{p.stem}", p) for p in sorted(d.glob("*-s*.json")) if re.search(r"-s\d+$", p.stem)]
+    out = []
+    for name, p in found:
+        result = json.loads(p.read_text())
+        if isinstance(result, dict) and isinstance(result.get("metrics"), dict):
+            out.append((name, result))
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,72 +1,112 @@
-"""The label-free choice of an iteration on every kept run: how close to the best held-out one?
+"""The label-free choice of an iteration on every kept run: its settings fitted, and how close to the
+best held-out iteration it lands.
 
-    python -m research.choice_check --out research/results/choice_check.md
+    python -m research.choice_check      # research/results/choice_check.md and choice_check.json
 
-Reads every kept result (reports/<dir>/<variant>/s<seed>.json and reports/<dir>/<name>-s<seed>.json),
-runs `choice.recommend` on its per-iteration metrics (label-free signals only), and sets that beside
-the truth the rule never reads: the best held-out iteration, whether the recommended one is within
-one standard error of it (the best's binomial s.e.), and whether it is below it0 beyond noise (its
-paired 95% interval of the gain from it0 below 0, else 2 s.e. of the difference). Results kept
-before evaluate recorded the signals have none: the rule keeps it0 on them, and the counts say so.
-Results kept before it recorded the base support are judged on the plain agreement, as the rule does.
-The same counts for other minimum agreement gains (0: any rise beyond noise) show how much the
-default depends on its value. Real-model loops kept before the base support was recorded are counted
-on the plain agreement; the ones replayed with it (`research.base_support`, `--replayed`) are counted
-again with their replayed signals, since the supported agreement rises less there than the plain one.
+Reads every kept result (research/results/<dir>/<variant>/s<seed>.json, research/results/<dir>/<name>-s<seed>.json
+and the same under reports/), and scores `choice.recommend` on its per-iteration metrics (label-free
+signals only) against two truths the rule never reads:
+
+- the target the settings are fitted on: test-time accuracy (gold answers to the test-time problems,
+  the problems the signals are read on, disjoint from held-out: the dev side of a run);
+- held-out accuracy, on which the fitted rule is scored and nothing is fitted.
+
+On either, a run *gained* when its best iteration is above it0 beyond noise (paired 95% interval of
+the gain with low end > 0; 2 s.e. of the difference where no interval was kept); the rule's *recall*
+is the share of those runs where it picks an iteration within one s.e. of the best (the best's
+binomial s.e.), and its *misses below it0* count picks below it0 beyond noise (high end < 0), over
+every run. The fit: every `choice.Rule` of the grid is scored on the target; the chosen one has at
+most `--max-below` picks below it0, then the highest recall, then the most cautious settings (higher
+minimum gains first). Leave one recipe out: for each recipe, the rule fitted on the other recipes'
+targets, scored on that recipe's held-out, so each recipe is scored by a rule that never saw it.
+The real-model loops `research.base_support` replayed with the base support are read with their
+replayed signals (what evaluate now records).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
+from dataclasses import asdict
 from pathlib import Path
 
-from research.alarm_check import ROOT, history, runs
-from self_improve.choice import MIN_AGREEMENT_GAIN, recommend, unsupported_agreement
+from research.alarm_check import ROOT, history, runs as kept_runs
+from self_improve.choice import PICKS, RULE, Rule, recommend, unsupported_agreement
 
-SENSITIVITY = (0.0, 0.02, 0.03, 0.05, 0.08, 0.10, 0.15)  # minimum agreement gains the check also counts
-
-
-def below_it0(rows: list[dict], it: str) -> bool:
-    base, row = rows[0], next(r for r in rows if r["iteration"] == it)
-    if it == base["iteration"]:
-        return False
-    if row.get("accuracy_gain_hi") is not None:
-        return row["accuracy_gain_hi"] < 0
-    return base["accuracy"] - row["accuracy"] > 2 * math.hypot(base["accuracy_se"], row["accuracy_se"])
+# the grid the settings are fitted over
+AGREEMENT_GAINS = (0.0, 0.02, 0.03, 0.05, 0.08, 0.10)
+SUPPORT_GAINS = (None, 0.02, 0.0, -0.02, -0.05, -0.10, -0.15, -0.20)  # cautious first
+# a result's recipe, from the folder it was kept in: the unit left out
+RECIPES = (("smollm2_gym", "SmolLM2 reasoning-gym"), ("smollm2_v3", "SmolLM2 V3"), ("smollm2_v2", "SmolLM2 V2"),
+           ("smollm2", "SmolLM2 V1"), ("engine_loop", "SmolLM2 V1"), ("", "tiny arithmetic"))
 
 
-def check(rows: list[dict], min_gain: float = MIN_AGREEMENT_GAIN) -> dict:
-    rec = recommend(rows, min_gain)
-    scored = [r for r in rows if r.get("accuracy") is not None]
-    best = max(scored, key=lambda r: r["accuracy"])
-    chosen = next(r for r in rows if r["iteration"] == rec["iteration"])
-    return {"recommended": rec["iteration"], "reason": rec["reason"], "best": best["iteration"],
-            "within": best["accuracy"] - chosen["accuracy"] <= best["accuracy_se"],
-            "below_it0": below_it0(rows, rec["iteration"]),
-            "signals": rows[0].get("lf_agreement") is not None,
-            "supported": rows[0].get("lf_supported_agreement") is not None,
-            "acc": (chosen["accuracy"], best["accuracy"]),
-            "unsupported_it0": unsupported_agreement(rows[0]),  # not read by the rule
-            "moved": moved(rows[0], chosen, rec["rows"].get(chosen["iteration"], {}).get("agreement_gain_lo"))}
+def recipe_of(name: str) -> str:
+    folder = name.split("/", 1)[0]
+    return next(label for prefix, label in RECIPES if folder.startswith(prefix))
 
 
-def moved(base: dict, row: dict, gain_lo: float | None) -> str:
-    """How the recommended iteration's label-free signals stand against it0's (empty at it0): `gain_lo`,
-    the low end of the agreement gain the rule read there (`recommend`'s rows), base support and agreement
-    the base never samples it0 -> there, and distinct answers and the commonest answer's share as a
-    factor of it0's."""
-    if row is base or gain_lo is None:
-        return ""
-    out = [f"low end {gain_lo:+.3f}"]
-    if base.get("lf_base_support") is not None:
-        out.append(f"support {base['lf_base_support']:.3f} -> {row['lf_base_support']:.3f}")
-        out.append(f"never sampled {unsupported_agreement(base):.3f} -> {unsupported_agreement(row):.3f}")
-    for k, what in (("lf_distinct", "distinct"), ("lf_mode_share", "commonest")):
-        if base.get(k) and row.get(k) is not None:
-            out.append(f"{what} x{row[k] / base[k]:.2f}")
-    return "; ".join(out)
+def _with_se(rows: list[dict], key: str) -> bool:
+    """Fill `<key>_se` from the run's sizes where it was not kept; False when it cannot be."""
+    n_key = {"accuracy": "heldout_n", "ttt_accuracy": "ttt_n"}[key]
+    for r in rows:
+        if r.get(key) is None:
+            return False
+        if r.get(f"{key}_se") is None:
+            n = r.get(n_key)
+            if not n:
+                return False
+            r[f"{key}_se"] = math.sqrt(max(r[key] * (1 - r[key]), 1e-12) / n)
+    return True
+
+
+def _gain_bounds(rows: list[dict], row: dict, key: str) -> tuple[float, float]:
+    """The paired 95% interval of `row`'s gain over it0 in `key` (2 s.e. of the difference where none was kept)."""
+    if row.get(f"{key}_gain_lo") is not None and row.get(f"{key}_gain_hi") is not None:
+        return row[f"{key}_gain_lo"], row[f"{key}_gain_hi"]
+    base = rows[0]
+    d, s = row[key] - base[key], math.hypot(row[f"{key}_se"], base[f"{key}_se"])
+    return d - 2 * s, d + 2 * s
+
+
+def score(rows: list[dict], it: str, key: str) -> dict:
+    """Where the pick `it` lands on truth `key`: gained (the best beyond noise over it0), within one s.e. of
+    the best, below it0 beyond noise."""
+    best = max(rows, key=lambda r: r[key])
+    chosen = next(r for r in rows if r["iteration"] == it)
+    gained = best is not rows[0] and _gain_bounds(rows, best, key)[0] > 0
+    below = chosen is not rows[0] and _gain_bounds(rows, chosen, key)[1] < 0
+    return {"best": best["iteration"], "gained": gained, "within": best[key] - chosen[key] <= best[f"{key}_se"],
+            "below": below, "picked": chosen[key], "best_value": best[key]}
+
+
+def tally(runs: list[tuple[str, list[dict]]], rule: Rule, key: str) -> dict:
+    """Recall and misses below it0 of `rule` over `runs` on truth `key`."""
+    scores = [score(rows, recommend(rows, rule)["iteration"], key) for _, rows in runs]
+    gained = [s for s in scores if s["gained"]]
+    within = sum(s["within"] for s in gained)
+    return {"runs": len(scores), "gained": len(gained), "within": within,
+            "recall": within / len(gained) if gained else float("nan"), "below": sum(s["below"] for s in scores),
+            "below_runs": [name for (name, _), s in zip(runs, scores) if s["below"]],
+            "missed": [name for (name, _), s in zip(runs, scores) if s["gained"] and not s["within"]]}
+
+
+def grid() -> list[Rule]:
+    return [Rule(a, s, p, v) for a, s, p, v in itertools.product(AGREEMENT_GAINS, SUPPORT_GAINS, PICKS, (True, False))]
+
+
+def fit(runs: list[tuple[str, list[dict]]], max_below: int) -> tuple[Rule, dict]:
+    """The rule of the grid with at most `max_below` picks below it0 on the target (test-time accuracy),
+    then the highest recall there, then the most cautious: the grid's order (higher gains, the veto on)."""
+    best = None
+    for rule in grid():
+        t = tally(runs, rule, "ttt_accuracy")
+        key = (t["below"] > max_below, -(0 if math.isnan(t["recall"]) else t["recall"]), t["below"])
+        if best is None or key < best[0]:
+            best = (key, rule, t)
+    return best[1], best[2]
 
 
 def replayed(path, kept: dict[str, list[dict]]) -> list[tuple[str, list[dict]]]:
@@ -95,59 +135,116 @@ def replayed(path, kept: dict[str, list[dict]]) -> list[tuple[str, list[dict]]]:
     return out
 
 
+def moved(base: dict, row: dict, gain_lo: float | None) -> str:
+    """How the picked iteration's label-free signals stand against it0's (empty at it0): `gain_lo`, the low
+    end of the gain the rule read there, base support and agreement the base never samples it0 -> there,
+    and distinct answers and the commonest answer's share as a factor of it0's."""
+    if row is base or gain_lo is None:
+        return ""
+    out = [f"low end {gain_lo:+.3f}"]
+    if base.get("lf_base_support") is not None and row.get("lf_base_support") is not None:
+        out.append(f"support {base['lf_base_support']:.3f} -> {row['lf_base_support']:.3f}")
+        if unsupported_agreement(base) is not None and unsupported_agreement(row) is not None:
+            out.append(f"never sampled {unsupported_agreement(base):.3f} -> {unsupported_agreement(row):.3f}")
+    for k, what in (("lf_distinct", "distinct"), ("lf_mode_share", "commonest")):
+        if base.get(k) and row.get(k) is not None:
+            out.append(f"{what} x{row[k] / base[k]:.2f}")
+    return "; ".join(out)
+
+
+def _rule_words(rule: Rule) -> str:
+    sup = "none (it0)" if rule.min_support_gain is None else f"{rule.min_support_gain:+.2f}"
+    return (f"minimum agreement gain {rule.min_agreement_gain:+.2f}, minimum base-support gain without rewrites "
+            f"{sup}, pick {rule.pick}, invalid-share veto {'on' if rule.invalid_veto else 'off'}")
+
+
+def _counts(t: dict) -> str:
+    return (f"recall {t['within']}/{t['gained']} ({100 * t['recall']:.0f}%), {t['below']} of {t['runs']} picks below "
+            f"it0 beyond noise")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="research/results/choice_check.md")
     ap.add_argument("--replayed", default="research/results/base_support_smollm2.json",
                     help="research.base_support's JSON: real-model loops replayed with the base support")
+    ap.add_argument("--max-below", type=int, default=0, help="picks below it0 the fit allows on its target")
     args = ap.parse_args(argv)
-    lines = ["| run | signals (supported: with the base support) | recommended | held-out there | best held-out | within 1 s.e. | below it0 beyond noise | it0 agreement the base never samples | signals there against it0 |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    done, kept, by_name = [], [], {}  # each run's check and its per-iteration rows
-    for name, result in runs():
+    kept: dict[str, list[dict]] = {}
+    for name, result in kept_runs():
         rows = history(result)
-        if len(rows) < 2 or rows[0].get("iteration") != "it0" or any(r.get("accuracy_se") is None for r in rows):
+        if len(rows) < 2 or rows[0].get("iteration") != "it0":
             continue
-        c = check(rows)
-        done.append(c)
-        kept.append(rows)
-        by_name[name] = rows
-        lines.append(f"| {name} | {'supported' if c['supported'] else 'yes' if c['signals'] else 'no'} | {c['recommended']} | {c['acc'][0]:.3f} | "
-                     f"{c['best']} ({c['acc'][1]:.3f}) | {'yes' if c['within'] else 'NO'} | "
-                     f"{'YES' if c['below_it0'] else 'no'} | "
-                     f"{'' if c['unsupported_it0'] is None else format(c['unsupported_it0'], '.3f')} | {c['moved']} |")
+        if _with_se(rows, "accuracy") and _with_se(rows, "ttt_accuracy"):
+            kept[name] = rows
+    again = dict(replayed(ROOT / args.replayed, kept))
+    runs = [(name, again.get(name, rows)) for name, rows in kept.items()]
+    recipes = sorted({recipe_of(n) for n, _ in runs})
 
-    def counts(cs: list[dict]) -> str:
-        if not cs:
-            return "none"
-        return (f"{sum(c['within'] for c in cs)}/{len(cs)} within one s.e. of the best held-out iteration "
-                f"({100 * sum(c['within'] for c in cs) / len(cs):.0f}%), {sum(c['below_it0'] for c in cs)} below "
-                "it0 beyond noise")
-
-    with_signals = [c for c in done if c["signals"]]
-    supported = [c for c in done if c["supported"]]
-    sensitivity = ", ".join(f"{m:.2f}: {sum(c['within'] for c in cs)} within, {sum(c['below_it0'] for c in cs)} below"
-                            for m in SENSITIVITY for cs in [[check(rows, m) for rows in kept]])
-    head = [f"Minimum agreement gain (95% low end) {MIN_AGREEMENT_GAIN:.2f}.",
-            f"All kept runs ({len(done)}): {counts(done)}.",
-            f"Runs with the label-free signals recorded ({len(with_signals)}): {counts(with_signals)}.",
-            (f"Of those, runs with the base support recorded, where the rule reads the supported agreement "
-             f"({len(supported)}): {counts(supported)}."),
-            (f"Runs without the signals (kept before they were recorded, or a task without rewrites) "
-             f"({len(done) - len(with_signals)}): the rule keeps it0 on them (no signal, do no harm)."),
-            f"With other minimum agreement gains (of {len(kept)}): {sensitivity}.", ""]
-    again = replayed(ROOT / args.replayed, by_name)
-    replay = []
-    for m in SENSITIVITY:
-        cs = [(name, check(rows, m)) for name, rows in again]
-        missed = [f"{name} ({c['recommended']}, best {c['best']})" for name, c in cs if not c["within"]]
-        replay.append(f"{m:.2f}: {sum(c['within'] for _, c in cs)} within, {sum(c['below_it0'] for _, c in cs)} below"
-                      + (f" (not within: {', '.join(missed)})" if missed else ""))
-    head.insert(-1, f"The {len(again)} real-model loops kept before the base support, replayed with it ({args.replayed}, "
-                    f"research.base_support), at each minimum agreement gain: {'; '.join(replay)}.")
-    text = "\n".join(head + lines) + "\n"
+    fitted, on_target = fit(runs, args.max_below)
+    product = tally(runs, RULE, "accuracy")
+    lines = ["# The label-free choice of iteration over every kept run", "",
+             f"Generated by `python -m research.choice_check` from {len(runs)} kept runs ({', '.join(recipes)}).",
+             "Truth: held-out accuracy, never read by the rule nor by its fit. Recall: of the runs whose best "
+             "iteration gained over it0 beyond noise, the share picked within one s.e. of the best. Below: picks "
+             "below it0 beyond noise, over all runs.", "",
+             "| rule | fitted on | scored on | recall | picks below it0 |", "|---|---|---|---|---|"]
+    rows_out = [("the product's (`choice.RULE`): " + _rule_words(RULE), "test-time accuracy, every run", "held-out",
+                 product)]
+    fitted_ho = tally(runs, fitted, "accuracy")
+    rows_out.append(("fitted now: " + _rule_words(fitted), "test-time accuracy, every run", "held-out", fitted_ho))
+    loro = {"runs": 0, "gained": 0, "within": 0, "below": 0, "below_runs": [], "missed": []}
+    per_recipe = []
+    for recipe in recipes:
+        train = [(n, r) for n, r in runs if recipe_of(n) != recipe]
+        test = [(n, r) for n, r in runs if recipe_of(n) == recipe]
+        rule, _ = fit(train, args.max_below)
+        t = tally(test, rule, "accuracy")
+        per_recipe.append((recipe, rule, t))
+        for k in ("runs", "gained", "within", "below"):
+            loro[k] += t[k]
+        loro["below_runs"] += t["below_runs"]
+        loro["missed"] += t["missed"]
+    loro["recall"] = loro["within"] / loro["gained"] if loro["gained"] else float("nan")
+    rows_out.append(("refitted with each recipe left out (below)", "test-time accuracy, the other recipes",
+                     "held-out, the recipe left out", loro))
+    for words, on, scored, t in rows_out:
+        lines.append(f"| {words} | {on} | {scored} | {t['within']}/{t['gained']} ({100 * t['recall']:.0f}%) | "
+                     f"{t['below']}/{t['runs']} |")
+    lines += ["", f"On its target the fitted rule has {_counts(on_target)}.", "",
+              "## Each recipe left out", "", "| recipe left out | rule fitted on the others | runs | recall | picks below it0 |",
+              "|---|---|---|---|---|"]
+    for recipe, rule, t in per_recipe:
+        rec = "n/a" if not t["gained"] else f"{t['within']}/{t['gained']} ({100 * t['recall']:.0f}%)"
+        lines.append(f"| {recipe} | {_rule_words(rule)} | {t['runs']} | {rec} | {t['below']} |")
+    lines += ["", f"Below it0 with the product's rule: {', '.join(product['below_runs']) or 'none'}.",
+              f"Gained but not picked within one s.e. with the product's rule: {', '.join(product['missed']) or 'none'}.",
+              "", "## Each run with the product's rule", "",
+              "| run | recipe | signal read | recommended | held-out there | best held-out | within 1 s.e. | "
+              "below it0 beyond noise | signals there against it0 | why |", "|---|---|---|---|---|---|---|---|---|---|"]
+    table = []
+    for name, rows in runs:
+        rec = recommend(rows, RULE)
+        s = score(rows, rec["iteration"], "accuracy")
+        chosen = next(r for r in rows if r["iteration"] == rec["iteration"])
+        signal = ("supported agreement" if rows[0].get("lf_supported_agreement") is not None else "agreement"
+                  if rows[0].get("lf_agreement") is not None else "base support"
+                  if rows[0].get("lf_base_support") is not None else "none")
+        lines.append(f"| {name}{' (replayed)' if name in again else ''} | {recipe_of(name)} | {signal} | {rec['iteration']} | "
+                     f"{s['picked']:.3f} | {s['best']} ({s['best_value']:.3f}) | {'yes' if s['within'] else 'NO'} | "
+                     f"{'YES' if s['below'] else 'no'} | "
+                     f"{moved(rows[0], chosen, rec['rows'].get(rec['iteration'], {}).get('agreement_gain_lo'))} | "
+                     f"{rec['reason']} |")
+        table.append({"run": name, "recipe": recipe_of(name), "recommended": rec["iteration"], **s})
+    text = "\n".join(lines) + "\n"
     (ROOT / args.out).write_text(text)
-    print(text)
+    summary = {"product": {"rule": asdict(RULE), **product}, "fitted": {"rule": asdict(fitted), "target": on_target,
+                                                                        "heldout": fitted_ho},
+               "leave_one_recipe_out": {"total": loro, "recipes": [{"recipe": r, "rule": asdict(rule), **t}
+                                                                    for r, rule, t in per_recipe]},
+               "runs": table}
+    (ROOT / args.out).with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
+    print("\n".join(lines[:16]))
 
 
 if __name__ == "__main__":

@@ -38,23 +38,27 @@ per problem (EVAL rows, sets `ttt` and `ttt_view`):
 Each has its paired gain from it0 (`<name>_gain`, `_lo`, `_hi`: bootstrap 95% over the same
 problems). No gold answer is read by any of them.
 
-The rule (`recommend`): itN is a candidate when its agreement rose from it0's by more than
-`MIN_AGREEMENT_GAIN` (5 points, the smallest effect the recipes' eval sets are sized to see) at the
-95% interval's low end, and no veto holds. The agreement read is the supported agreement where the
-base support was recorded, the plain one on results kept before it was. The vetoes: the invalid
-share rose beyond noise, the answers restating the question's numbers rose beyond noise, the
-distinct answers fell under half of it0's, the commonest answer's share more than doubled beyond
-noise, the base support fell under half of it0's beyond noise, or the frozen judge's P(Yes) fell
-beyond noise. A rise that is merely above 0 is not enough: sharpening the policy (self-certainty,
-say) makes the two wordings agree a few points more without making the answers right. An
-iteration whose agreement fell cannot pass, so neither can one whose self-reward rose while its
-scores fell. The candidate with the highest agreement is recommended (ties: the earliest); with
-none, it0 (do no harm).
+The rule (`recommend`, its settings a `Rule`): itN is a candidate when no veto holds and its
+agreement rose from it0's with the 95% interval's low end above `Rule.min_agreement_gain`. The
+agreement read is the supported agreement where the base support was recorded, the plain one on
+results kept before it was. A task without rewrites has no agreement: there itN is a candidate when
+its base support's gain has its low end above `Rule.min_support_gain` (None: no candidate, it0). The
+vetoes: the invalid share rose beyond noise (`Rule.invalid_veto`), the answers restating the
+question's numbers rose beyond noise, the distinct answers fell under half of it0's, the commonest
+answer's share more than doubled beyond noise, the base support fell under half of it0's beyond
+noise, or the frozen judge's P(Yes) fell beyond noise. An iteration whose agreement fell cannot pass,
+so neither can one whose self-reward rose while its scores fell. Of the candidates the rule takes the
+latest (`Rule.pick` "latest": the one trained longest among those that passed) or the one with the
+highest signal ("highest"; ties: the earliest); with none, it0 (do no harm). The settings in `RULE`
+were fitted over every kept run on the test-time problems' accuracy, never on held-out, and scored
+on held-out with one recipe left out at a time (research/choice_check.py,
+research/results/choice_check.md).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
@@ -66,9 +70,30 @@ VIEW_SET = "ttt_view"  # EVAL rows of the test-time problems' rewrites
 SAMPLE_SET = "ttt_sample"  # EVAL rows of the base model's sampled answers to them (both wordings; it0 only)
 SIGNALS = ("lf_agreement", "lf_supported_agreement", "lf_invalid_share", "lf_restate_share", "lf_mode_share",
            "lf_base_support", "lf_frozen_yes")  # per problem, with paired gains
-MIN_AGREEMENT_GAIN = 0.05  # the low end of a candidate's agreement gain must be above this
 MODE_FACTOR = 2.0  # the commonest answer's share may not grow beyond this factor (and beyond noise)
 SUPPORT_FACTOR = 2.0  # the base support may not fall under it0's divided by this (and beyond noise)
+PICKS = ("latest", "highest")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The settings of `recommend` (module doc)."""
+
+    min_agreement_gain: float = 0.05  # a candidate's (supported) agreement gain has its 95% low end above this
+    min_support_gain: Optional[float] = None  # without rewrites: the base support gain's 95% low end above this
+    pick: str = "highest"  # of the candidates: the latest, or the highest signal
+    invalid_veto: bool = True  # the invalid share's rise beyond noise vetoes
+
+    def __post_init__(self):
+        if self.pick not in PICKS:
+            raise ValueError(f"choice.Rule.pick: one of {', '.join(PICKS)} (got {self.pick!r})")
+
+
+# fitted on the kept runs' test-time accuracy with no pick below it0 there (research/results/choice_check.md):
+# any agreement rise of 2 points beyond noise; without rewrites, a base support that held (fell by at most
+# 10 points at the low end); the latest such iteration; the invalid share's rise vetoes nothing (on the
+# reasoning-gym recipe it rose with every gain, and the restatement veto covers what it guarded against)
+RULE = Rule(min_agreement_gain=0.02, min_support_gain=-0.10, pick="latest", invalid_veto=False)
 
 
 def _missing(v: Any) -> bool:
@@ -160,10 +185,11 @@ def unsupported_agreement(metrics: dict) -> float | None:
     return metrics["lf_agreement"] - metrics["lf_supported_agreement"]
 
 
-def vetoes(row: dict, base: dict) -> list[str]:
-    """Why an iteration may not be recommended whatever its agreement (empty: none)."""
+def vetoes(row: dict, base: dict, invalid: bool = True) -> list[str]:
+    """Why an iteration may not be recommended whatever its agreement (empty: none); `invalid`: the
+    invalid share's rise is one of them."""
     out = []
-    if (row.get("lf_invalid_share_gain_lo") or 0) > 0:
+    if invalid and (row.get("lf_invalid_share_gain_lo") or 0) > 0:
         out.append(f"invalid share up {base.get('lf_invalid_share', float('nan')):.3f} -> "
                    f"{row.get('lf_invalid_share', float('nan')):.3f} (95% low end "
                    f"{row['lf_invalid_share_gain_lo']:+.3f})")
@@ -186,31 +212,51 @@ def vetoes(row: dict, base: dict) -> list[str]:
     return out
 
 
-def recommend(history: list[dict], min_gain: float = MIN_AGREEMENT_GAIN) -> dict:
+def _signal(base: dict) -> tuple[str | None, str]:
+    """The signal a candidate must raise, read off it0's metrics, and its words."""
+    if base.get("lf_supported_agreement") is not None:
+        return "lf_supported_agreement", "supported agreement"
+    if base.get("lf_agreement") is not None:
+        return "lf_agreement", "cross-view agreement"
+    if base.get("lf_base_support") is not None:
+        return "lf_base_support", "base support (no rewrites, so no agreement)"
+    return None, ""
+
+
+def recommend(history: list[dict], rule: Rule = RULE) -> dict:
     """The iteration to keep, chosen from label-free signals only (module doc), from the metrics of
-    it0 and each iteration in order: a candidate's (supported) agreement gain has its 95% low end
-    above `min_gain`. Returns `iteration`, `reason` and per iteration `rows`: `candidate`, `vetoes`.
-    Without the signals (results from before they were recorded): it0."""
+    it0 and each iteration in order. Returns `iteration`, `reason` and per iteration `rows`:
+    `candidate`, `vetoes`, `agreement` (the signal read) and `agreement_gain_lo`. Without the signals
+    (results from before they were recorded): it0."""
     if not history:
         raise ValueError("recommend: no iterations")
     base = history[0]
-    key = "lf_supported_agreement" if base.get("lf_supported_agreement") is not None else "lf_agreement"
-    what = "supported agreement" if key == "lf_supported_agreement" else "cross-view agreement"
-    rows, best = {}, None
+    key, what = _signal(base)
+    floor = rule.min_support_gain if key == "lf_base_support" else rule.min_agreement_gain
+    rows, picked = {}, []
     for row in history[1:]:
         it = row.get("iteration")
-        lo = row.get(f"{key}_gain_lo")
-        v = vetoes(row, base)
-        candidate = lo is not None and lo > min_gain and not v
-        rows[it] = {"candidate": candidate, "vetoes": v, "agreement": row.get(key), "agreement_gain_lo": lo}
-        if candidate and (best is None or row[key] > best[key]):
-            best = row
-    if base.get("lf_agreement") is None:
-        return {"iteration": base.get("iteration", "it0"), "rows": rows,
-                "reason": "no label-free signals recorded (lf_agreement): the base model, do no harm"}
-    if best is None:
-        return {"iteration": base.get("iteration", "it0"), "rows": rows,
-                "reason": f"no iteration's {what} rose by over {min_gain:.2f} beyond noise without a veto: the base model"}
+        lo = row.get(f"{key}_gain_lo") if key else None
+        v = vetoes(row, base, rule.invalid_veto)
+        candidate = lo is not None and floor is not None and lo > floor and not v
+        rows[it] = {"candidate": candidate, "vetoes": v, "agreement": row.get(key) if key else None,
+                    "agreement_gain_lo": lo}
+        if candidate:
+            picked.append(row)
+    it0 = base.get("iteration", "it0")
+    if key is None:
+        return {"iteration": it0, "rows": rows,
+                "reason": "no label-free signals recorded (lf_agreement, lf_base_support): the base model, do no harm"}
+    if floor is None:
+        return {"iteration": it0, "rows": rows,
+                "reason": f"the rule reads no {what.split(' (')[0]} (choice.Rule.min_support_gain None): the base model"}
+    if not picked:
+        return {"iteration": it0, "rows": rows,
+                "reason": f"no iteration's {what} gain had its 95% low end above {floor:+.2f} without a veto: "
+                          "the base model"}
+    best = picked[-1] if rule.pick == "latest" else max(picked, key=lambda r: r[key])
+    which = (f"the latest of {len(picked)} candidate(s)" if rule.pick == "latest" else
+             f"the highest {what.split(' (')[0]} of {len(picked)} candidate(s)")
     return {"iteration": best["iteration"], "rows": rows,
-            "reason": f"highest {what} {best[key]:.3f} (it0 {base[key]:.3f}, gain 95% low end "
-                      f"{best[f'{key}_gain_lo']:+.3f}), no veto"}
+            "reason": f"{which}: {what} {best[key]:.3f} (it0 {base[key]:.3f}, gain 95% low end "
+                      f"{best[f'{key}_gain_lo']:+.3f} over {floor:+.2f}), no veto"}

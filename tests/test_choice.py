@@ -1,15 +1,19 @@
 """Choosing an iteration without labels (self_improve/choice.py): the signals on known answers, the
 rule on known histories, the rewrites evaluate asks the second wording with."""
 
+import dataclasses
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from self_improve.choice import SAMPLE_SET, VIEW_SET, base_samples, per_problem, recommend, signals
+from self_improve.choice import RULE, SAMPLE_SET, VIEW_SET, Rule, base_samples, per_problem, recommend, signals
 from self_improve.config import TaskConfig
 from self_improve.evaluation import rewritten
 from self_improve.tasks import task_for
+
+HIGHEST = Rule(min_agreement_gain=0.05, pick="highest")  # the rule's earlier settings, which these tests pin
 
 
 def _eval(preds, views, valid=None, frozen=None, restates=None):
@@ -100,11 +104,41 @@ def _row(it, agree, lo, invalid_lo=-0.1, distinct=0.5, frozen_hi=None, restate_l
 def test_recommend_takes_the_highest_agreement_that_rose_by_the_minimum_beyond_noise():
     h = [{"iteration": "it0", "lf_agreement": 0.4, "lf_distinct": 0.5, "lf_mode_share": 0.03},
          _row("it1", 0.5, 0.06), _row("it2", 0.6, 0.1), _row("it3", 0.7, 0.03), _row("it4", 0.8, -0.01)]
-    rec = recommend(h)
+    rec = recommend(h, HIGHEST)
     assert rec["iteration"] == "it2"  # it3 and it4 agree more, but their low ends are under 0.05
     assert [rec["rows"][it]["candidate"] for it in ("it1", "it2", "it3", "it4")] == [True, True, False, False]
-    assert recommend(h, min_gain=0.0)["iteration"] == "it3"  # any rise beyond noise
-    assert recommend(h, min_gain=0.2)["iteration"] == "it0" and "over 0.20" in recommend(h, min_gain=0.2)["reason"]
+    assert recommend(h, Rule(0.0, pick="highest"))["iteration"] == "it3"  # any rise beyond noise
+    low = recommend(h, Rule(0.2, pick="highest"))
+    assert low["iteration"] == "it0" and "low end above +0.20" in low["reason"]
+
+
+def test_recommend_latest_takes_the_last_candidate_and_says_why():
+    h = [{"iteration": "it0", "lf_agreement": 0.4, "lf_distinct": 0.5, "lf_mode_share": 0.03},
+         _row("it1", 0.5, 0.06), _row("it2", 0.7, 0.2), _row("it3", 0.6, 0.04), _row("it4", 0.8, -0.01)]
+    rec = recommend(h, Rule(0.02, pick="latest"))
+    assert rec["iteration"] == "it3"  # the latest whose rise clears 0.02, not the highest (it2)
+    assert rec["reason"].startswith("the latest of 3 candidate(s): cross-view agreement 0.600")
+    assert recommend(h, Rule(0.05, pick="latest"))["iteration"] == "it2"
+    with pytest.raises(ValueError, match="pick"):
+        Rule(pick="best")
+
+
+def test_recommend_without_rewrites_reads_the_base_support():
+    base = {"iteration": "it0", "lf_base_support": 0.6, "lf_distinct": 0.4, "lf_mode_share": 0.2}
+    held = {"iteration": "it1", "lf_base_support": 0.62, "lf_base_support_gain_lo": -0.06, "lf_distinct": 0.45,
+            "lf_mode_share": 0.15}
+    lost = {"iteration": "it2", "lf_base_support": 0.45, "lf_base_support_gain_lo": -0.25, "lf_distinct": 0.3,
+            "lf_mode_share": 0.2}
+    rec = recommend([base, held, lost], Rule(0.02, -0.10, "latest"))
+    assert rec["iteration"] == "it1" and "base support" in rec["reason"]
+    assert not rec["rows"]["it2"]["candidate"]
+    none = recommend([base, held], Rule(0.02, None, "latest"))
+    assert none["iteration"] == "it0" and "min_support_gain None" in none["reason"]
+
+
+def test_the_product_rule_is_the_fitted_one():
+    fitted = json.loads((Path(__file__).resolve().parents[1] / "research/results/choice_check.json").read_text())
+    assert fitted["fitted"]["rule"] == dataclasses.asdict(RULE)  # regenerate with `python -m research.choice_check`
 
 
 def test_recommend_vetoes_invalid_share_up_distinct_halved_mode_doubled_frozen_down():
@@ -113,7 +147,7 @@ def test_recommend_vetoes_invalid_share_up_distinct_halved_mode_doubled_frozen_d
     h = [base | {"lf_mode_share": 0.03}, _row("it1", 0.9, 0.3, invalid_lo=0.05), _row("it2", 0.9, 0.3, distinct=0.2),
          _row("it3", 0.9, 0.3, frozen_hi=-0.01), _row("it4", 0.9, 0.3, restate_lo=0.02),
          _row("it5", 0.9, 0.3, mode=0.25, mode_lo=0.15)]
-    rec = recommend(h)
+    rec = recommend(h, HIGHEST)
     assert rec["iteration"] == "it0" and "no iteration" in rec["reason"]
     assert "restating the question's numbers" in rec["rows"]["it4"]["vetoes"][0]
     assert "invalid share up" in rec["rows"]["it1"]["vetoes"][0]
@@ -121,19 +155,21 @@ def test_recommend_vetoes_invalid_share_up_distinct_halved_mode_doubled_frozen_d
     assert "frozen judge" in rec["rows"]["it3"]["vetoes"][0]
     assert "commonest answer's share up 0.030 -> 0.250" in rec["rows"]["it5"]["vetoes"][0]
     # doubled but within noise, or beyond noise but under twice: no veto
-    assert recommend([h[0], _row("it1", 0.9, 0.3, mode=0.07, mode_lo=-0.01)])["iteration"] == "it1"
-    assert recommend([h[0], _row("it1", 0.9, 0.3, mode=0.05, mode_lo=0.01)])["iteration"] == "it1"
+    assert recommend([h[0], _row("it1", 0.9, 0.3, mode=0.07, mode_lo=-0.01)], HIGHEST)["iteration"] == "it1"
+    assert recommend([h[0], _row("it1", 0.9, 0.3, mode=0.05, mode_lo=0.01)], HIGHEST)["iteration"] == "it1"
+    # the invalid share's veto is a setting (off in the fitted rule)
+    assert recommend([h[0], h[1]], Rule(0.05, invalid_veto=False))["iteration"] == "it1"
 
 
 def test_recommend_vetoes_base_support_halved_beyond_noise():
     base = {"iteration": "it0", "lf_agreement": 0.4, "lf_distinct": 0.5, "lf_mode_share": 0.03, "lf_base_support": 0.8}
-    rec = recommend([base, _row("it1", 0.9, 0.3, support=0.3, support_hi=-0.4)])
+    rec = recommend([base, _row("it1", 0.9, 0.3, support=0.3, support_hi=-0.4)], HIGHEST)
     assert rec["iteration"] == "it0" and rec["rows"]["it1"]["vetoes"] == [
         "base support down 0.800 -> 0.300 (under 1/2, 95% high end -0.400)"]
     # fell beyond noise but kept over half (an improving run's answers leave some of it), or under half
     # within noise, or not recorded (results from before it was): no veto
     for support, hi in ((0.55, -0.2), (0.35, 0.01), (None, None)):
-        assert recommend([base, _row("it1", 0.9, 0.3, support=support, support_hi=hi)])["iteration"] == "it1"
+        assert recommend([base, _row("it1", 0.9, 0.3, support=support, support_hi=hi)], HIGHEST)["iteration"] == "it1"
 
 
 def test_recommend_reads_the_supported_agreement_where_it_was_recorded():
@@ -141,13 +177,13 @@ def test_recommend_reads_the_supported_agreement_where_it_was_recorded():
             "lf_mode_share": 0.03}
     drifted = _row("it1", 0.65, 0.08) | {"lf_supported_agreement": 0.35, "lf_supported_agreement_gain_lo": -0.14}
     anchored = _row("it2", 0.6, 0.06) | {"lf_supported_agreement": 0.55, "lf_supported_agreement_gain_lo": 0.06}
-    rec = recommend([base, drifted, anchored])
+    rec = recommend([base, drifted, anchored], HIGHEST)
     assert rec["iteration"] == "it2" and "supported agreement 0.550" in rec["reason"]
     assert not rec["rows"]["it1"]["candidate"]  # agreed more with itself, on answers the base never gives
-    assert recommend([base, drifted])["iteration"] == "it0"
+    assert recommend([base, drifted], HIGHEST)["iteration"] == "it0"
     # kept before the support was recorded: the plain agreement
     plain = {k: v for k, v in base.items() if k != "lf_supported_agreement"}
-    assert recommend([plain, drifted])["iteration"] == "it1"
+    assert recommend([plain, drifted], HIGHEST)["iteration"] == "it1"
 
 
 def test_recommend_without_signals_keeps_the_base_model():
