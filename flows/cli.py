@@ -5,6 +5,7 @@
     self-improve seeds --recipe smollm2-gym scpo --name scpo --out DIR     # a setup and a rule over seeds
     self-improve table --out reports/seeds                                 # the tables from kept results
     self-improve recipe smollm2-gym scpo -S seed=1                         # -S arguments for dvc exp run
+    self-improve exp smollm2-gym scpo -S seed=1 -n gym-scpo-s1             # run them: dvc exp run, quoted for you
     self-improve plain WORKDIR                                             # the stages without DVC
     self-improve flow [REPO]                                               # the loop as a Prefect flow
     self-improve export --iteration it2 --out exported/it2                 # an iteration as an HF directory
@@ -23,6 +24,7 @@ COMMANDS = {
     "table": ("flows.experiments", "rebuild the seeds tables and plot from kept results (--out DIR)"),
     "arms": ("self_improve.arms", "per-category and control-arm tables of a directory of kept results"),
     "recipe": ("self_improve.recipes", "print recipes (configs/recipes/, configs/rules/) as -S arguments"),
+    "exp": ("self_improve.recipes", "run recipes as one DVC experiment (dvc exp run with their -S arguments)"),
     "plain": ("flows.plain", "run the loop's stages in a work directory without DVC"),
     "flow": ("flows.loop", "run the loop as a Prefect flow (one task per stage, DVC's cache)"),
     "deploy": ("flows.deploy", "deploy the loop to a Prefect work pool"),
@@ -51,6 +53,9 @@ def main(argv: list[str] | None = None) -> None:
         rest = ["--table", *rest]
     if name == "flow":
         module.self_improve_loop(rest[0] if rest else ".")
+        return
+    if name == "exp":
+        module.exp_main(rest)
         return
     module.main(rest)
 

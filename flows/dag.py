@@ -16,7 +16,9 @@ STEPS = ("evolve", "bstar", "sample", "judge", "pairs", "train", "engine", "eval
 
 
 def _loop(repo: Path) -> dict:
-    return yaml.safe_load((repo / "params.yaml").read_text(encoding="utf-8")).get("loop") or {}
+    """params.yaml's iterations in their number's order (as the params' check reads them)."""
+    loop = yaml.safe_load((repo / "params.yaml").read_text(encoding="utf-8")).get("loop") or {}
+    return dict(sorted(loop.items(), key=lambda kv: int(kv[0][2:]) if str(kv[0])[2:].isdigit() else 0))
 
 
 def stage_order(repo: Path) -> list[str]:

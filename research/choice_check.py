@@ -34,6 +34,8 @@ from pathlib import Path
 
 from research.alarm_check import ROOT, history, runs as kept_runs
 from self_improve.choice import PICKS, RULE, Rule, recommend, unsupported_agreement
+from self_improve.config import StopConfig
+from self_improve.stopping import decide
 
 # the grid the settings are fitted over
 AGREEMENT_GAINS = (0.0, 0.02, 0.03, 0.05, 0.08, 0.10)
@@ -107,6 +109,23 @@ def fit(runs: list[tuple[str, list[dict]]], max_below: int) -> tuple[Rule, dict]
         if best is None or key < best[0]:
             best = (key, rule, t)
     return best[1], best[2]
+
+
+def stop_replay(runs: list[tuple[str, list[dict]]], patience: int) -> dict:
+    """The early stop (`stop.enabled`, `patience`) replayed on kept runs: where it would have stopped
+    (the metrics known before each iteration) and whether the run's best held-out iteration came after
+    it, above every iteration before the stop by more than one s.e. of the best (a gain cut off)."""
+    cfg = StopConfig(enabled=True, patience=patience)
+    stopped, cut = [], []
+    for name, rows in runs:
+        at = next((n for n in range(1, len(rows)) if decide(rows[:n], cfg).stopped), None)
+        if at is None:
+            continue
+        stopped.append(name)
+        best = max(rows, key=lambda r: r["accuracy"])
+        if best["accuracy"] - max(r["accuracy"] for r in rows[:at]) > best["accuracy_se"]:
+            cut.append(name)  # the best came after the stop, beyond one s.e. of every iteration before it
+    return {"patience": patience, "runs": len(runs), "stopped": len(stopped), "cut": cut}
 
 
 def replayed(path, kept: dict[str, list[dict]]) -> list[tuple[str, list[dict]]]:
@@ -217,6 +236,16 @@ def main(argv: list[str] | None = None) -> None:
     for recipe, rule, t in per_recipe:
         rec = "n/a" if not t["gained"] else f"{t['within']}/{t['gained']} ({100 * t['recall']:.0f}%)"
         lines.append(f"| {recipe} | {_rule_words(rule)} | {t['runs']} | {rec} | {t['below']} |")
+    lines += ["", "## The early stop replayed", "",
+              "Where `stop` (self_improve/stopping.py) would have stopped each kept run, reading the metrics known "
+              "before each iteration, and the runs whose best held-out iteration came after the stop, above every "
+              "iteration before it by more than one s.e. (a gain the stop would have cut off). Kept runs have three iterations: only stops "
+              "before it2 or it3 show, and patience 3 cannot stop one.", "", "| patience | runs stopped early | best iteration cut off |",
+              "|---|---|---|"]
+    stops = [stop_replay(runs, p) for p in (1, 2, 3)]
+    for st in stops:
+        lines.append(f"| {st['patience']} | {st['stopped']}/{st['runs']} | {len(st['cut'])}"
+                     f"{': ' + ', '.join(st['cut']) if st['cut'] else ''} |")
     lines += ["", f"Below it0 with the product's rule: {', '.join(product['below_runs']) or 'none'}.",
               f"Gained but not picked within one s.e. with the product's rule: {', '.join(product['missed']) or 'none'}.",
               "", "## Each run with the product's rule", "",
@@ -242,7 +271,7 @@ def main(argv: list[str] | None = None) -> None:
                                                                         "heldout": fitted_ho},
                "leave_one_recipe_out": {"total": loro, "recipes": [{"recipe": r, "rule": asdict(rule), **t}
                                                                     for r, rule, t in per_recipe]},
-               "runs": table}
+               "stop": stops, "runs": table}
     (ROOT / args.out).with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
     print("\n".join(lines[:16]))
 

@@ -9,6 +9,11 @@ recipe becomes DVC's `-S key=value` arguments (`set_args`), is applied to a para
 or is printed for a shell, the Makefile's way:
 
     dvc exp run $(python -m self_improve.recipes smollm2-gym scpo -S seed=1)
+
+or run as one command that passes every value to DVC as one argument, whatever its spaces and
+quotes (`exp`; the shell's `$(...)` above splits `task.instruction=Answer with ...` into words):
+
+    self-improve exp smollm2-gym scpo -S seed=1 -n gym-scpo-s1
 """
 
 from __future__ import annotations
@@ -16,6 +21,9 @@ from __future__ import annotations
 import argparse
 import copy
 import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -29,8 +37,9 @@ RULES = Path("configs/rules")
 
 
 def parse_assignment(text: str) -> tuple[str, Any]:
-    """`key=value` (DVC's -S form): the dotted key and the value read as YAML."""
+    """`key=value` (DVC's -S form, `++key=value` too): the dotted key and the value read as YAML."""
     key, eq, value = text.partition("=")
+    key = key.strip().removeprefix("++").removeprefix("+")
     if not eq or not key.strip():
         raise ConfigError(f"override {text!r}: expected key=value")
     try:
@@ -117,9 +126,14 @@ def render(value: Any) -> str:
     return text.removesuffix("\n...").removesuffix("...").strip()
 
 
+OPEN = ("loop.", "agents.loop.")  # sections whose keys a recipe may add (iterations): DVC takes them as `++key`
+
+
 def set_args(overrides: dict[str, Any]) -> list[str]:
-    """DVC's `-S key=value` arguments of {dotted key: value}."""
-    return [a for k, v in overrides.items() for a in ("-S", f"{k}={render(v)}")]
+    """DVC's `-S key=value` arguments of {dotted key: value}; a key of an open section (an iteration
+    of `loop`, which params.yaml may not have yet) as `++key=value`, Hydra's add-or-override."""
+    return [a for k, v in overrides.items()
+            for a in ("-S", f"{'++' if k.startswith(OPEN) else ''}{k}={render(v)}")]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -133,6 +147,41 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as err:
         raise SystemExit(f"error: {err}") from None
     print(" ".join(shlex.quote(a) for a in set_args(overrides)))
+
+
+def missing_inputs(overrides: dict[str, Any], root: Path = Path(".")) -> list[str]:
+    """What the recipe needs that is not here, each with the command that makes it: a local
+    `model.base` under models/ (`make smollm2` for SmolLM2)."""
+    base = overrides.get("model.base")
+    if isinstance(base, str) and base.startswith("models/") and not (root / base).exists():
+        hint = "make smollm2" if "smollm2" in base else "put the model there (docs/own-model.md)"
+        return [f"{base} (model.base) is missing: {hint}"]
+    return []
+
+
+def exp_main(argv: list[str] | None = None) -> None:
+    """`self-improve exp RECIPE... [-S KEY=VALUE]... [-n NAME] [--dry-run] [-- DVC ARGS]`: `dvc exp run`
+    with the recipes' overrides, each one argument (no shell splits a value with spaces)."""
+    ap = argparse.ArgumentParser(description="run recipes as one DVC experiment (dvc exp run -S ... for you)")
+    ap.add_argument("recipe", nargs="+", help=f"names under {RECIPES}/ or {RULES}/ (applied left to right)")
+    ap.add_argument("-S", "--set", action="append", default=[], help="key=value on top of the recipes")
+    ap.add_argument("-n", "--name", help="the experiment's name (dvc exp run -n)")
+    ap.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
+    args, extra = ap.parse_known_args(argv)
+    extra = extra[1:] if extra[:1] == ["--"] else extra
+    try:
+        overrides = load_all(args.recipe) | dict(map(parse_assignment, args.set))
+    except ConfigError as err:
+        raise SystemExit(f"error: {err}") from None
+    cmd = ["dvc", "exp", "run", *(["-n", args.name] if args.name else []), *set_args(overrides), *extra]
+    if args.dry_run:
+        print(shlex.join(cmd))
+        return
+    missing = missing_inputs(overrides)
+    if missing:
+        raise SystemExit("error: " + "; ".join(missing))
+    dvc = shutil.which("dvc") or str(Path(sys.executable).parent / "dvc")
+    raise SystemExit(subprocess.run([dvc, *cmd[1:]]).returncode)
 
 
 if __name__ == "__main__":

@@ -120,6 +120,11 @@ def choice_markdown(df: pd.DataFrame) -> list[str]:
     if best is not None:
         lines += ["", f"Best held-out iteration (the truth, not read by the rule): {best['iteration']} "
                       f"({best['accuracy']:.3f})."]
+    stopped = [r for r in rows if r.get("stopped")]
+    if stopped:
+        lines += ["", f"**The loop stopped after {stopped[0].get('stop_at')}** (`stop`): {stopped[0].get('stop_reason')}. "
+                      f"{', '.join(r['iteration'] for r in stopped)} posed no prompts and trained nothing: "
+                      "each passed its starting model on."]
     return lines + [""]
 
 

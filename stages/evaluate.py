@@ -37,6 +37,7 @@ from self_improve.judges import (
 )
 from self_improve.judges.rubric import load_template
 from self_improve.models.loading import load_model, set_threads
+from self_improve.stopping import STOPPED
 from self_improve.tasks import answer_stop, task_for
 
 # the params keys this stage reads (it0, as evaluate_base, without the iteration's judge): dvc.yaml's
@@ -69,6 +70,10 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-out", help="out: each problem's greedy answer (parquet)")
     p.add_argument("--bstar", help="in: the bstar stage's choice, reported beside the iteration's metrics")
     p.add_argument("--base-eval", help="in: it0's answers to the same problems: gains with paired intervals")
+    p.add_argument("--stop", help="in: whether the loop stopped before this iteration (evolve's stop.json)")
+    p.add_argument("--prev-history", help="in: the metrics of it0 .. the previous iteration (history.json)")
+    p.add_argument("--history", help="out: those and this iteration's metrics (history.json: the next "
+                                     "iteration's evolve reads it to decide whether the loop stops)")
     p.add_argument("--out", required=True, help="out: metrics.json")
     p.add_argument("--examples", help="out: examples.json, what the report shows of the iteration (not for it0)")
 
@@ -133,7 +138,16 @@ def main(argv: list[str] | None = None) -> None:
             art.write_table(answers_df, args.eval_out, art.EVAL,
                             stage_provenance("evaluate", args.iteration, params, None,
                                              [args.eval_out]))
-        art.write_json({k: v for k, v in metrics.items() if v is not None}, args.out)
+        if args.stop:
+            stop = art.read_json(args.stop)
+            metrics.update({STOPPED: float(bool(stop.get("stopped")))})
+            if stop.get("stopped"):
+                metrics.update({"stop_at": stop.get("at"), "stop_reason": stop.get("reason")})
+        metrics = {k: v for k, v in metrics.items() if v is not None}
+        if args.history:
+            art.write_json((art.read_json(args.prev_history) if args.prev_history else []) + [metrics], args.history,
+                           sort_keys=False)
+        art.write_json(metrics, args.out)
 
     run_stage("evaluate", _args, body, argv,
               reads=lambda args: BASE_PARAMS if args.iteration == "it0" else PARAMS)

@@ -12,12 +12,13 @@ from self_improve.cli import derive_seed, run_stage, stage_provenance
 from self_improve.config import EvolveStrategy, Params
 from self_improve.curriculum import BanditState
 from self_improve.evolution import model_writer, next_curriculum
+from self_improve.stopping import decide
 from self_improve.tasks import ProposeInput, task_for
 
 # the params keys this stage reads: dvc.yaml's params for it, and its provenance
 PARAMS = (
     "seed", "model", "task", "evolve", "judge.method", "train.algorithm", "sample.temperature",
-    "sample.top_p", "sample.batch_size", "security",
+    "sample.top_p", "sample.batch_size", "security", "stop",
 )
 
 
@@ -34,6 +35,8 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base", help="in: the base model (it0) that adapter chains apply to")
     p.add_argument("--out", required=True, help="out: this iteration's prompts")
     p.add_argument("--curriculum", required=True, help="out: the bandit state of this iteration (json)")
+    p.add_argument("--history", help="in: the metrics of it0 .. the previous iteration (evaluate's history.json)")
+    p.add_argument("--stop", help="out: whether the loop has stopped before this iteration, and why (json)")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -53,6 +56,15 @@ def main(argv: list[str] | None = None) -> None:
         seed = derive_seed(params.seed, "evolve", "fixed" if fixed else args.iteration)
         writer_model = args.base if fixed and args.base else args.model
         task = task_for(params.task)
+        stop = decide(art.read_json(args.history) if args.history else [], params.stop)
+        if args.stop:
+            art.write_json(stop.to_dict(), args.stop)
+        if stop.stopped:  # no prompts: nothing is sampled, judged or trained, the model is passed on
+            prov = stage_provenance("evolve", args.iteration, params, PARAMS, [args.out]) | {"stopped": stop.reason}
+            art.write_table(art.empty_table(art.PROMPTS), args.out, art.PROMPTS, prov)
+            with art.atomic_path(args.curriculum) as tmp:
+                tmp.write_text(state.to_json(), encoding="utf-8")
+            return
         inp = ProposeInput(
             cfg=params.evolve, iteration=args.iteration, seed=seed,
             ttt=art.read_table(args.ttt, art.PROMPTS), heldout=art.read_table(args.heldout, art.PROMPTS),

@@ -24,7 +24,7 @@ from self_improve.tracking import IterationRecord, LoopRecord, NoOpTracker, make
 log = logging.getLogger(__name__)
 
 # the params keys this stage reads: dvc.yaml's params for it, and its provenance
-PARAMS = ("seed", "loop", "tracking", "judge", "train.algorithm", "sample.k")  # judge: the summary names the rule
+PARAMS = ("seed", "loop", "tracking", "judge", "train.algorithm", "sample.k", "stop")  # judge: the summary names the rule
 
 
 def _args(p: argparse.ArgumentParser) -> None:
@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> None:
         name, tags = run_identity()
         tags["reward_hacking_alarm"] = "; ".join(alarm) if alarm else "quiet"
         tags["recommended_iteration"] = recommend(history(df))["iteration"]
+        stopped = [r for r in history(df) if r.get("stopped")]
+        if stopped:
+            tags["stopped_after"] = str(stopped[0].get("stop_at"))
         fired = {a.split(":", 1)[0] for a in alarm}
         records = []
         for row in df.to_dict("records"):

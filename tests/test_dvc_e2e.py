@@ -372,6 +372,32 @@ def test_experiment_with_override(repo):
 
 
 @HEAVY
+def test_a_six_iteration_recipe_runs_through_dvc_and_stops_early(tmp_path):
+    """`self-improve exp long`: the recipe adds it4-it6 (DVC's `++` for iterations params.yaml lacks) and
+    the stop; with patience 1
+    the loop stops after the first iteration that does not pass the rule, and the later ones pose no
+    prompts and train nothing, each a stage of `dvc exp run` all the same."""
+    work = tmp_path / "repo"
+    env = _env(work)
+    git_copy(work, PARAMS, env)  # it1 and it2: the recipe's own keys add it3's link too
+    run = [sys.executable, "-m", "flows.cli", "exp", "long", "-S", "loop.it3.prev=it2", "-S", "loop.it3.ref=it1",
+           "-S", "stop.patience=1", "-n", "long"]  # `self-improve exp`: dvc exp run with the recipe's -S
+    args = sh(run + ["--dry-run"], work, env).split()
+    assert "++loop.it6.prev=it5" in args and "++loop.it3.prev=it2" in args
+    out = sh(run, work, env)
+    assert "Running stage 'evaluate@it6'" in out and "Running stage 'report'" in out
+    stops = {it: json.loads((work / "data" / it / "stop.json").read_text()) for it in
+             ("it1", "it2", "it3", "it4", "it5", "it6")}
+    first = next(it for it, s in stops.items() if s["stopped"])  # the tiny base: it1 passes no 2-point rise
+    later = [it for it in stops if int(it[2:]) >= int(first[2:])]
+    assert all(stops[it]["stopped"] and stops[it]["at"] == stops[first]["at"] for it in later)
+    for it in later:
+        assert json.loads((work / "data" / it / "train_metrics.json").read_text())["train_examples"] == 0
+    summary = (work / "reports" / "summary.md").read_text()
+    assert f"**The loop stopped after {stops[first]['at']}**" in summary and "| it6 |" in summary
+
+
+@HEAVY
 @pytest.mark.skipif(chromium() is None, reason="headless Chromium not installed (apt-get install chromium)")
 def test_mlflow_ui_compares_two_loops_in_chromium(repo):
     """The MLflow UI's run comparison of two loops (the main run and experiment k3), rendered."""

@@ -79,6 +79,15 @@ class TrackingConfig(_Section):
     experiment: str = Field("self-improve", min_length=1)
 
 
+class StopConfig(_Section):
+    enabled: bool = Field(False, description="stop the loop early by the label-free choice rule: once stopped, "
+                          "later iterations pose no prompts and train nothing, passing the model on")
+    patience: int = Field(3, ge=1, description="stop once the iteration the choice rule recommends (choice.RULE) "
+                          "is this many iterations behind the latest: no candidate since")
+    on_alarm: bool = Field(False, description="also stop when the reward-hacking alarm fires (quality.py; it reads "
+                           "held-out and verifier accuracy where the task has gold answers: not label-free)")
+
+
 class IterationLink(_Section):
     prev: str  # the model this iteration starts from
     # the model before that: the reference of implicit_reward and CREAM's consistency. For it1
@@ -116,7 +125,17 @@ class Params(_Section):
     tracking: TrackingConfig = TrackingConfig()
     security: SecurityConfig = SecurityConfig()
     agents: AgentsConfig = AgentsConfig()  # CoMAS (comas/dvc.yaml); the loop never reads it
+    stop: StopConfig = StopConfig()  # when the loop stops early (self_improve/stopping.py)
     loop: dict[str, IterationLink]
+
+    @field_validator("loop", mode="before")
+    @classmethod
+    def _in_order(cls, v: Any) -> Any:
+        """Iterations in their number's order, however they were written (a recipe may add it4 before
+        an override adds it3)."""
+        if isinstance(v, dict) and all(isinstance(k, str) and _IT.fullmatch(k) for k in v):
+            return dict(sorted(v.items(), key=lambda kv: int(kv[0][2:])))
+        return v
 
     @model_validator(mode="after")
     def _chain(self) -> "Params":

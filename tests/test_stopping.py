@@ -1,0 +1,90 @@
+"""The loop's early stop (self_improve/stopping.py, `stop` in params.yaml): when it stops, that it
+stays stopped, and the iterations after it train nothing and pass the model on."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from self_improve import artifacts as art
+from self_improve.config import StopConfig
+from self_improve.stopping import decide
+
+from .conftest import run_all
+
+ON = StopConfig(enabled=True, patience=2)
+
+
+def _it(name, agree, lo, **kw):
+    return {"iteration": name, "lf_agreement": agree, "lf_agreement_gain_lo": lo, "lf_distinct": 0.5,
+            "lf_mode_share": 0.03, **kw}
+
+
+BASE = {"iteration": "it0", "lf_agreement": 0.2, "lf_distinct": 0.5, "lf_mode_share": 0.03}
+
+
+def test_off_or_too_early_it_never_stops():
+    flat = [BASE, _it("it1", 0.2, -0.1), _it("it2", 0.2, -0.1)]
+    assert not decide(flat, StopConfig()).stopped  # off (the default)
+    assert not decide(flat[:2], ON).stopped  # one iteration: too few to tell with patience 2
+    assert not decide([], ON).stopped
+
+
+def test_it_stops_once_the_recommended_iteration_is_patience_behind():
+    rising = [BASE, _it("it1", 0.3, 0.05), _it("it2", 0.4, 0.1)]
+    assert not decide(rising, ON).stopped  # it2, the latest, is the recommended one
+    flat_after = rising + [_it("it3", 0.4, 0.01)]
+    assert not decide(flat_after, ON).stopped  # it2 is one behind
+    stop = decide(flat_after + [_it("it4", 0.38, 0.0)], ON)
+    assert stop.stopped and stop.at == "it4"
+    assert stop.reason.startswith("the recommended iteration (it2) is 2 behind the latest (it4)")
+    never = decide([BASE, _it("it1", 0.2, -0.05), _it("it2", 0.21, -0.04)], ON)
+    assert never.stopped and "(it0) is 2 behind" in never.reason
+    assert not decide([BASE, _it("it1", 0.2, -0.05), _it("it2", 0.21, -0.04)], StopConfig(enabled=True, patience=3)).stopped
+
+
+def test_once_stopped_it_stays_stopped():
+    row = _it("it5", 0.5, 0.3, stopped=1.0, stop_at="it3", stop_reason="the recommended iteration (it1) ...")
+    stop = decide([BASE, row], ON)
+    assert stop.stopped and stop.at == "it3" and stop.reason.startswith("the recommended iteration (it1)")
+
+
+def test_the_alarm_stops_it_only_when_asked():
+    fell = [BASE | {"accuracy": 0.5, "accuracy_se": 0.02},
+            _it("it1", 0.5, 0.2, accuracy=0.3, accuracy_se=0.02, accuracy_gain_hi=-0.1)]
+    assert not decide(fell, ON).stopped
+    stop = decide(fell, StopConfig(enabled=True, on_alarm=True))
+    assert stop.stopped and stop.at == "it1" and stop.reason.startswith("the reward-hacking alarm fired")
+
+
+@pytest.mark.loop
+def test_a_stopped_loop_trains_nothing_and_passes_the_model_on(tmp_path, tiny_raw, monkeypatch):
+    """Patience 1 on the tiny loop: the iteration after one that did not pass the rule poses no prompts,
+    samples, judges and trains nothing, evaluates to the same answers, and the summary says why."""
+    tiny_raw["stop"] = {"enabled": True, "patience": 1}
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(tiny_raw))
+    run_all(tmp_path, params, monkeypatch)
+    history = art.read_json(tmp_path / "data/it3/history.json")
+    assert [r["iteration"] for r in history] == ["it0", "it1", "it2", "it3"]
+    cfg = StopConfig(enabled=True, patience=1)
+    stopped = []
+    for n, it in enumerate(("it1", "it2", "it3"), start=1):
+        want = decide(history[:n], cfg)
+        got = art.read_json(tmp_path / f"data/{it}/stop.json")
+        assert got == want.to_dict() and bool(history[n]["stopped"]) == want.stopped
+        if want.stopped:
+            stopped.append(it)
+            prev = history[n - 1]["iteration"]
+            assert len(art.read_table(tmp_path / f"data/{it}/prompts.parquet", art.PROMPTS)) == 0
+            assert len(art.read_table(tmp_path / f"data/{it}/samples.parquet", art.SAMPLES)) == 0
+            assert art.read_json(tmp_path / f"data/{it}/train_metrics.json")["train_examples"] == 0
+            same = art.read_table(tmp_path / f"data/{it}/eval.parquet", art.EVAL)
+            before = art.read_table(tmp_path / f"data/{prev}/eval.parquet", art.EVAL)
+            before = before[before["set"] != "ttt_sample"]  # it0's base samples are drawn once
+            assert same["response"].tolist() == before["response"].tolist()  # the model passed on
+            assert history[n]["accuracy"] == history[n - 1]["accuracy"]
+    # the tiny base's 30 test-time problems: no 2-point rise of agreement beyond noise at it1
+    assert stopped, "expected the tiny loop to stop (it1 did not pass the rule)"
+    summary = (tmp_path / "reports/summary.md").read_text()
+    assert f"**The loop stopped after {history[1 + ['it1', 'it2', 'it3'].index(stopped[0])]['stop_at']}**" in summary
