@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: vllm-env vllm-server install loop seeds variants loop-smollm2 loops-smollm2 gap-smollm2 lengths-smollm2 gym-levels-smollm2 print-smol-recipe flow deploy worker serve test test-unit test-e2e test-e2e-ci test-slow test-slow-ci smollm2 bench bench-real bench-quick bench-real-quick mlflow-ui mlflow-server mlflow-resend clean-state
+.PHONY: vllm-env vllm-server install loop seeds variants loop-smollm2 loops-smollm2 gap-smollm2 lengths-smollm2 gym-levels-smollm2 print-smol-recipe flow deploy worker serve test test-unit test-e2e test-e2e-ci test-slow test-slow-ci smollm2 bench bench-real bench-quick bench-real-quick mlflow-ui mlflow-server prefect-server mlflow-resend clean-state
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -139,10 +139,13 @@ bench-real: smollm2  ## the same on SmolLM2-135M-Instruct: sampling, scoring, tr
 mlflow-ui: install  ## the MLflow UI on this repo's store: http://127.0.0.1:5000
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000
 
-mlflow-server: install  ## an MLflow tracking server for a team (SQLite store, artifacts it serves): export MLFLOW_TRACKING_URI=http://HOST:5000
-	$(VENV)/bin/mlflow server --backend-store-uri $(or $(BACKEND),sqlite:///$(CURDIR)/mlflow-server.db) \
-		--artifacts-destination $(or $(ARTIFACTS),$(CURDIR)/mlartifacts) --serve-artifacts \
+mlflow-server: install  ## an MLflow tracking server for a team: beyond loopback (HOST=0.0.0.0) its basic-auth app, MLFLOW_AUTH_ADMIN_PASSWORD and MLFLOW_FLASK_SERVER_SECRET_KEY required (docs/operations.md)
+	$(PY) -m self_improve.team mlflow --backend $(or $(BACKEND),sqlite:///$(CURDIR)/mlflow-server.db) \
+		--artifacts $(or $(ARTIFACTS),$(CURDIR)/mlartifacts) --auth-db $(or $(AUTH_DB),sqlite:///$(CURDIR)/mlflow-auth.db) \
 		--host $(or $(HOST),127.0.0.1) --port $(or $(PORT),5000)
+
+prefect-server: install  ## the Prefect API and UI for a team: beyond loopback (HOST=0.0.0.0) PREFECT_SERVER_API_AUTH_STRING required; clients send PREFECT_API_AUTH_STRING
+	$(PY) -m self_improve.team prefect --host $(or $(HOST),127.0.0.1) --port $(or $(PORT),4200)
 
 mlflow-resend: install  ## log the last loop to MLflow again (after the server was down), from its outputs
 	$(PY) -m stages.report --iterations reports/iterations --summary reports/summary.md \

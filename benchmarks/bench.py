@@ -44,7 +44,7 @@ TARGETS = {"batched_speedup": 20.0, "orchestration_share": 0.05, "noop_repro_sec
 def _env(work: Path, timings: Path) -> dict:
     return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
             "SELF_IMPROVE_TIMINGS": str(timings), "MLFLOW_TRACKING_URI": f"sqlite:///{work}/mlflow.db",
-            "PYTHONUNBUFFERED": "1"}
+            "PYTHONUNBUFFERED": "1", "SELF_IMPROVE_REPOS": str(work)}  # the flow may work on the clone
 
 
 def _run(args: list[str], cwd: Path, env: dict) -> float:

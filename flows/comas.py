@@ -12,7 +12,7 @@ from prefect import flow
 from pydantic import Field
 
 from .dag import COMAS_FILE, comas_order, install_comas
-from .loop import run_flow
+from .loop import PATH_PATTERN, run_flow
 
 # (flow parameter, params.yaml key) for every override the form offers
 OVERRIDES = {
@@ -25,7 +25,8 @@ OVERRIDES = {
 
 @flow(name="self-improve-comas", log_prints=True, validate_parameters=True)
 def self_improve_comas(
-    repo: str = ".",
+    repo: Annotated[str, Field(pattern=PATH_PATTERN, description="the repo the run works on: the one the flow "
+                                                                 "was served or deployed with")] = ".",
     recipe: Optional[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,62}(,[A-Za-z0-9][A-Za-z0-9_.+-]{0,62}){0,3}$",
                                           description="recipes of configs/recipes/ or configs/rules/, comma-"
                                                       "separated, applied first: smollm2-gym,scpo")]] = None,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .loop import self_improve_loop
+from .loop import REPOS_ENV, self_improve_loop
 
 DEPLOYMENT = "self-improve"
 POOL = "self-improve-cpu"
@@ -50,7 +50,8 @@ def deploy(repo: Path, pool: str, name: str = DEPLOYMENT, limit: int | None = 2)
         name=name,
         work_pool_name=pool,
         parameters={"repo": str(repo)},
-        job_variables={"working_dir": str(repo)},  # the worker's flow process starts in the repo
+        # the worker's flow process starts in the repo, and may work on it (flows/loop.py: allowed_repos)
+        job_variables={"working_dir": str(repo), "env": {REPOS_ENV: str(repo)}},
         entrypoint_type=EntrypointType.MODULE_PATH,  # flows.loop, importable where the repo is installed
         concurrency_limit=limit,
         description="The self-improvement loop: every DVC stage of every iteration as a task.",

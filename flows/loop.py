@@ -39,6 +39,35 @@ class WorkspaceBusy(RuntimeError):
     """Another loop flow holds this workspace."""
 
 
+ROOT = Path(__file__).resolve().parents[1]  # the checkout this flow's code runs from
+REPOS_ENV = "SELF_IMPROVE_REPOS"  # more repos a flow may work on (os.pathsep-separated), set where it is served
+# a path parameter: printable, no control characters, at most 4,096 characters
+PATH_PATTERN = r"^[^\x00-\x1f\x7f]{1,4096}$"
+
+
+def allowed_repos() -> list[Path]:
+    """The repos a flow run may work on: the checkout its code runs from, and those the serving or
+    deploying side named in SELF_IMPROVE_REPOS (`flows.serve --repo`, `make worker`), never one a
+    caller of the UI or the API passes alone."""
+    extra = [Path(p).resolve() for p in os.environ.get(REPOS_ENV, "").split(os.pathsep) if p.strip()]
+    return [ROOT, *extra]
+
+
+def check_repo(repo: str) -> Path:
+    """`repo` resolved, if it is one of `allowed_repos` and holds a pipeline; else a ValueError naming
+    the parameter, before anything runs."""
+    if not isinstance(repo, str) or not repo or len(repo) > 4096 or any(ord(c) < 32 or ord(c) == 127 for c in repo):
+        raise ValueError("repo: expected a path of at most 4,096 printable characters")
+    path = Path(repo).resolve()
+    allowed = allowed_repos()
+    if path not in allowed:
+        raise ValueError(f"repo: {path} is not a repo this flow may work on ({', '.join(map(str, allowed))}; "
+                         f"the serving side adds one with --repo or {REPOS_ENV})")
+    if not (path / "dvc.yaml").is_file() or not (path / "params.yaml").is_file():
+        raise ValueError(f"repo: {path} holds no dvc.yaml and params.yaml")
+    return path
+
+
 def _run_name() -> str:
     from prefect.runtime import task_run
 
@@ -152,7 +181,8 @@ def _publish(workdir: Path, stage: str, rows: list[dict]) -> None:
 
 @flow(name="self-improve-loop", log_prints=True, validate_parameters=True)
 def self_improve_loop(
-    repo: str = ".",
+    repo: Annotated[str, Field(pattern=PATH_PATTERN, description="the repo the run works on: the one the flow "
+                                                                 "was served or deployed with")] = ".",
     recipe: Optional[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,62}(,[A-Za-z0-9][A-Za-z0-9_.+-]{0,62}){0,3}$",
                                           description="recipes of configs/recipes/ or configs/rules/, comma-"
                                                       "separated, applied first: smollm2-gym,scpo")]] = None,
@@ -186,7 +216,7 @@ def run_flow(repo: str, recipe: str | None, given: dict, experiment_name: str | 
     names). `setup` runs on the workspace first. Returns the stage names."""
     from prefect.runtime import flow_run
 
-    root = Path(repo).resolve()
+    root = check_repo(repo)
     isolated = bool(given) or recipe is not None or experiment_name is not None
     raw = yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8"))
     params = apply_overrides(raw, given, recipe, overrides, root)  # refused here

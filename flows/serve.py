@@ -11,12 +11,13 @@ worktree; runs without share the repo and take turns on its lock).
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from prefect import serve
 
 from .comas import self_improve_comas
-from .loop import self_improve_loop
+from .loop import REPOS_ENV, self_improve_loop
 
 DEPLOYMENT = "self-improve"
 
@@ -27,6 +28,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--limit", type=int, default=2, help="runs of the deployment at once")
     args = p.parse_args(argv)
     repo = {"repo": str(Path(args.repo).resolve())}
+    # the served runs (this process's children) may work on this repo: no caller can add another
+    os.environ[REPOS_ENV] = os.pathsep.join(filter(None, [os.environ.get(REPOS_ENV), repo["repo"]]))
     serve(
         self_improve_loop.to_deployment(
             name=DEPLOYMENT, parameters=repo, tags=["self-improve"],

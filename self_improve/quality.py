@@ -179,7 +179,7 @@ def reward_hacking_alarm(history: Sequence[dict], *, z: float = 2.0) -> list[str
     (`<key>_se`, see evaluate), the policy's true quality (sample_accuracy: its own samples judged by
     the verifier; accuracy: held-out) and the judge's quality (judge_auc, judge_accuracy). A change
     counts only beyond noise: more than `z` standard errors of the difference,
-    sqrt(se_a^2 + se_b^2). Two tests:
+    sqrt(se_a^2 + se_b^2). Five tests:
 
     - policy: reward_mean rose while sample_accuracy or held-out accuracy fell beyond noise, against
       the latest earlier iteration that has the measure (held-out accuracy: it0 counts).
@@ -189,7 +189,6 @@ def reward_hacking_alarm(history: Sequence[dict], *, z: float = 2.0) -> list[str
       beyond noise (a judge whose policy improves has fewer wrong samples left to tell apart; that
       alone is no alarm, but a policy that gets its own prompts right more often while it gets
       worse on held-out problems is no excuse).
-
     - held-out: an iteration's held-out accuracy below it0's beyond noise: its paired 95% interval
       (`accuracy_gain_hi`, the same problems at it0 and here) below 0, or without one, a fall of more
       than `z` s.e. of the difference. Tested from it1 on, whatever the self-reward did.

@@ -23,6 +23,21 @@ log = logging.getLogger(__name__)
 DEFAULT_URI = "sqlite:///mlflow.db"
 
 
+def shown(uri: str) -> str:
+    """`uri` as a log line may show it: a password in it (http://user:secret@host) replaced."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(uri)
+    except ValueError:
+        return "<tracking URI>"
+    if parts.password is None:
+        return uri
+    host = parts.hostname or ""
+    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 def default_uri() -> str:
     """The SQLite store at the repo root. DVC sets DVC_ROOT to the user's repo, also while
     `dvc exp run --temp` runs the loop in a temporary copy, so experiments land in one store."""
@@ -87,8 +102,8 @@ class MlflowTracker:
                 return self._log_loop(record)
         except Exception as err:  # noqa: BLE001 - whatever the store raised, the loop's outputs stand
             log.warning("MLflow tracking at %s failed (%s: %s); every output is written. Send the record "
-                        "again once the store is back: make mlflow-resend", self.uri, type(err).__name__,
-                        str(err).splitlines()[0][:300] if str(err) else "")
+                        "again once the store is back: make mlflow-resend", shown(self.uri), type(err).__name__,
+                        (str(err).splitlines()[0][:300] if str(err) else "").replace(self.uri, shown(self.uri)))
             return None
 
     def _log_loop(self, record: LoopRecord) -> str:

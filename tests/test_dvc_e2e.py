@@ -608,6 +608,86 @@ def test_the_report_logs_to_a_tracking_server_and_survives_it_being_down(repo, t
         server.wait(timeout=60)
 
 
+def test_a_team_mlflow_server_lets_in_only_the_team(repo, tmp_path):
+    """`python -m self_improve.team mlflow --auth` (what `make mlflow-server HOST=0.0.0.0` starts): it
+    refuses to start without the admin password and the secret key; up, a request without credentials
+    or with a wrong password gets 401, and the report logs the loop with the team's credentials from
+    the environment; a loop without them still ends, its outputs written."""
+    import base64
+    import urllib.error
+    import urllib.request
+
+    work = tmp_path / "ws"
+    shutil.copytree(repo[0], work, symlinks=True)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    server_env = {k: v for k, v in repo[1].items() if not k.startswith("MLFLOW_")}
+    cmd = [sys.executable, "-m", "self_improve.team", "mlflow", "--auth", "--port", str(port),
+           "--backend", f"sqlite:///{tmp_path}/server.db", "--artifacts", str(tmp_path / "artifacts"),
+           "--auth-db", f"sqlite:///{tmp_path}/auth.db"]
+    for missing, env in (("MLFLOW_AUTH_ADMIN_PASSWORD", {"MLFLOW_FLASK_SERVER_SECRET_KEY": "k" * 32}),
+                         ("MLFLOW_FLASK_SERVER_SECRET_KEY", {"MLFLOW_AUTH_ADMIN_PASSWORD": "Adm1n-pass-e2e"})):
+        proc = subprocess.run(cmd, cwd=tmp_path, env={**server_env, **env}, capture_output=True, text=True, timeout=60)
+        assert proc.returncode != 0 and f"{missing} is not set" in proc.stderr
+    proc = subprocess.run(cmd, cwd=tmp_path, env={**server_env, "MLFLOW_AUTH_ADMIN_PASSWORD": "password1234",
+                                                  "MLFLOW_FLASK_SERVER_SECRET_KEY": "k" * 32},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "old default password" in proc.stderr
+    server = subprocess.Popen(cmd, cwd=tmp_path, env={**server_env, "MLFLOW_AUTH_ADMIN_PASSWORD": "Adm1n-pass-e2e",
+                                                      "MLFLOW_FLASK_SERVER_SECRET_KEY": "k" * 32},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def status(user: str | None, password: str | None) -> int:
+        req = urllib.request.Request(f"{base}/api/2.0/mlflow/experiments/search?max_results=10")
+        if user is not None:
+            req.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.status
+        except urllib.error.HTTPError as err:
+            return err.code
+
+    try:
+        wait_http(f"{base}/health", server, 180)
+        assert status(None, None) == 401 and status("admin", "wrong") == 401
+        assert status("admin", "Adm1n-pass-e2e") == 200
+        report = [sys.executable, "-m", "stages.report", "--iterations", "reports/iterations", "--summary",
+                  "reports/summary.md", "--figures", "reports/figures", "--table", "reports/iterations.csv", "--resend"]
+        env = {**repo[1], "MLFLOW_TRACKING_URI": base, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
+        denied = subprocess.run(report, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+        assert denied.returncode != 0 and "MLflow tracking at" in denied.stdout + denied.stderr
+        sh(report, work, {**env, "MLFLOW_TRACKING_USERNAME": "admin", "MLFLOW_TRACKING_PASSWORD": "Adm1n-pass-e2e"})
+        from mlflow.tracking import MlflowClient
+
+        os.environ.update(MLFLOW_TRACKING_USERNAME="admin", MLFLOW_TRACKING_PASSWORD="Adm1n-pass-e2e")
+        try:
+            client = MlflowClient(base)
+            runs = client.search_runs([client.get_experiment_by_name("e2e").experiment_id])
+        finally:
+            os.environ.pop("MLFLOW_TRACKING_USERNAME"), os.environ.pop("MLFLOW_TRACKING_PASSWORD")
+        assert len(runs) == 4 and "Adm1n-pass-e2e" not in repr([r.data for r in runs])
+        # a read-only user, as docs/scaling.md adds one: reads the experiment, cannot log to it
+        from mlflow.server.auth.client import AuthServiceClient
+
+        os.environ.update(MLFLOW_TRACKING_USERNAME="admin", MLFLOW_TRACKING_PASSWORD="Adm1n-pass-e2e")
+        try:
+            AuthServiceClient(base).create_user("bob", "b0b-reads-only")
+        finally:
+            os.environ.pop("MLFLOW_TRACKING_USERNAME"), os.environ.pop("MLFLOW_TRACKING_PASSWORD")
+        assert status("bob", "b0b-reads-only") == 200
+        exp_id = runs[0].info.experiment_id
+        req = urllib.request.Request(f"{base}/api/2.0/mlflow/runs/create", method="POST",
+                                     data=json.dumps({"experiment_id": exp_id}).encode(),
+                                     headers={"Content-Type": "application/json", "Authorization": "Basic "
+                                              + base64.b64encode(b"bob:b0b-reads-only").decode()})
+        with pytest.raises(urllib.error.HTTPError) as denied_run:
+            urllib.request.urlopen(req, timeout=30)
+        assert denied_run.value.code == 403
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+
+
 def test_comas_on_a_model_without_a_chat_template_or_with_bad_agents_loses_nothing(repo, tmp_path):
     """`dvc repro comas/dvc.yaml` on the tiny default (no chat template) stops at comas_init naming
     model.base; a bad agents value stops at check_params naming it; every output keeps its bytes."""

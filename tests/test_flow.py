@@ -34,6 +34,7 @@ def test_flow_runs_every_stage_as_a_task(tmp_path, prefect_harness, monkeypatch)
 
     git_copy(tmp_path, deep_merge(tiny_full(), {"tracking": {"enabled": True, "experiment": "flow"}}),
              dict(os.environ))
+    monkeypatch.setenv("SELF_IMPROVE_REPOS", str(tmp_path))  # as `flows.serve --repo` names it
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
 
@@ -101,10 +102,11 @@ def test_flow_runs_every_stage_as_a_task(tmp_path, prefect_harness, monkeypatch)
     assert parents[0].info.run_name.startswith("prefect-")
 
 
-def test_a_second_flow_on_the_same_workspace_is_refused(tmp_path, prefect_harness):
+def test_a_second_flow_on_the_same_workspace_is_refused(tmp_path, prefect_harness, monkeypatch):
     from flows.loop import WorkspaceBusy, self_improve_loop, workspace_lock
 
     git_copy(tmp_path, tiny_full(), dict(os.environ))
+    monkeypatch.setenv("SELF_IMPROVE_REPOS", str(tmp_path))
     with workspace_lock(tmp_path):  # as a running flow holds it
         state = self_improve_loop(str(tmp_path), return_state=True)
     assert state.is_failed()
@@ -114,7 +116,8 @@ def test_a_second_flow_on_the_same_workspace_is_refused(tmp_path, prefect_harnes
 
 
 @pytest.mark.heavy  # a whole loop through Prefect: `make test-e2e`, not CI (the worker test runs one)
-def test_the_comas_flow_runs_its_stages_with_an_override_as_an_experiment(tmp_path, prefect_harness, bpe_model_dir):
+def test_the_comas_flow_runs_its_stages_with_an_override_as_an_experiment(tmp_path, prefect_harness, bpe_model_dir,
+                                                                          monkeypatch):
     """CoMAS's flow: the loop's base stages and comas/dvc.yaml's, each a task, in a worktree (an
     override given) that ends as a DVC experiment; the working copy is untouched."""
     from flows.comas import self_improve_comas
@@ -129,6 +132,7 @@ def test_the_comas_flow_runs_its_stages_with_an_override_as_an_experiment(tmp_pa
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     git_copy(tmp_path, raw, env)
     before = (tmp_path / "params.yaml").read_bytes()
+    monkeypatch.setenv("SELF_IMPROVE_REPOS", str(tmp_path))
     state = self_improve_comas(str(tmp_path), agents=3, experiment_name="comas-3", return_state=True)
     assert state.is_completed(), state
     assert state.result() == comas_order(tmp_path)

@@ -1,6 +1,6 @@
 """The loop deployed to a Prefect `process` work pool and run by a worker in another process, as a
-team runs it: a real Prefect server, the pool, a worker, a run triggered through the API with a
-parameter override (what the UI's form sends)."""
+team runs it: a real Prefect server that asks for the team's auth string, the pool, a worker, a run
+triggered through the API with a parameter override (what the UI's form sends)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,22 @@ from research.mlflow_compare import free_port, wait_http
 from .conftest import git_copy, tiny_full
 
 pytestmark = pytest.mark.e2e
+AUTH = "team:w0rker-e2e-Auth"
+
+
+def _status(url: str, auth: str | None) -> int:
+    import base64
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, data=b"{}", headers={"Content-Type": "application/json"}, method="POST")
+    if auth is not None:
+        req.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status
+    except urllib.error.HTTPError as err:
+        return err.code
 
 
 def _start(cmd: list[str], cwd: Path, env: dict, log: Path) -> subprocess.Popen:
@@ -46,14 +62,20 @@ def test_a_worker_runs_the_deployed_loop_with_an_override(tmp_path):
     git_copy(ws, params, env)
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
-    server = _start([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
-                     str(port)], tmp_path, env, tmp_path / "server.log")
+    # the team's server (make prefect-server): it asks every caller for the auth string
+    server = _start([sys.executable, "-m", "self_improve.team", "prefect", "--auth", "--port", str(port)], tmp_path,
+                    {**env, "PREFECT_SERVER_API_AUTH_STRING": AUTH}, tmp_path / "server.log")
     worker = None
     try:
         wait_http(f"{api}/health", server, 300)
+        assert _status(f"{api}/flows/filter", None) == 401 and _status(f"{api}/flows/filter", "team:wrong") == 401
+        assert _status(f"{api}/flows/filter", AUTH) == 200
         env["PREFECT_API_URL"] = api
-        out = subprocess.run([sys.executable, "-m", "flows.deploy", "--repo", str(ws), "--pool", "team-cpu"],
-                             cwd=ws, env=env, capture_output=True, text=True, timeout=300)
+        deploy = [sys.executable, "-m", "flows.deploy", "--repo", str(ws), "--pool", "team-cpu"]
+        out = subprocess.run(deploy, cwd=ws, env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode != 0  # a client without the string is turned away
+        env["PREFECT_API_AUTH_STRING"] = AUTH  # what make serve / deploy / worker read from the environment
+        out = subprocess.run(deploy, cwd=ws, env=env, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stdout + out.stderr
         worker_log = tmp_path / "worker.log"
         worker = _start([sys.executable, "-m", "prefect", "worker", "start", "--pool", "team-cpu", "--type",
@@ -72,10 +94,42 @@ def test_a_worker_runs_the_deployed_loop_with_an_override(tmp_path):
         shown = subprocess.run(["dvc", "exp", "show", "--json"], cwd=ws, env=env, capture_output=True,
                                text=True, check=True).stdout
         assert f"flow-{run.name}" in shown and '"k":3' in shown.replace(" ", "")  # sample.k (tiny: 2)
+        # hostile values from the API: each refused by name, nothing run (no run created, or one that
+        # fails on its repo before any stage)
+        from .test_team import HOSTILE
+
+        for param in ("recipe", "judge_method", "train_algorithm", "experiment_name"):
+            for value in HOSTILE:
+                refused = asyncio.run(_refused(api, {param: value}))
+                assert param in refused, (param, value, refused)
+        before = subprocess.run(["dvc", "exp", "list", "--name-only"], cwd=ws, env=env, capture_output=True,
+                                text=True, check=True).stdout
+        for repo in ("/etc", "../../.."):
+            bad, bad_tasks = asyncio.run(_trigger_and_wait(api, {"repo": repo, "samples_per_prompt": 3}))
+            assert bad.state.type.value == "FAILED" and not bad_tasks, bad.state
+            assert "repo: " in (bad.state.message or "") and "not a repo this flow may work on" in bad.state.message
+        assert subprocess.run(["dvc", "exp", "list", "--name-only"], cwd=ws, env=env, capture_output=True,
+                              text=True, check=True).stdout == before
     finally:
         if worker is not None:
             _stop(worker)
         _stop(server)
+
+
+async def _refused(api: str, parameters: dict) -> str:
+    """The API's refusal of a run of the deployment with `parameters` (what the UI's form sends)."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: api, PREFECT_API_AUTH_STRING: AUTH}):
+        async with get_client() as client:
+            deployment = await client.read_deployment_by_name("self-improve-loop/self-improve")
+            try:
+                run = await client.create_flow_run_from_deployment(deployment.id, parameters=parameters)
+            except Exception as err:  # noqa: BLE001 - the API's validation error, whatever its type
+                return str(err)
+            await client.delete_flow_run(run.id)
+            return f"accepted: {run.id}"
 
 
 async def _trigger_and_wait(api: str, parameters: dict):
@@ -84,9 +138,9 @@ async def _trigger_and_wait(api: str, parameters: dict):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from prefect.client.schemas.sorting import TaskRunSort
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
-    with temporary_settings({PREFECT_API_URL: api}):
+    with temporary_settings({PREFECT_API_URL: api, PREFECT_API_AUTH_STRING: AUTH}):
         async with get_client() as client:
             deployment = await client.read_deployment_by_name("self-improve-loop/self-improve")
             created = await client.create_flow_run_from_deployment(deployment.id, parameters=parameters)
