@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,7 @@ PARAMS = deep_merge(tiny_full(), {"tracking": {"enabled": True, "experiment": "e
 # two iterations: it2 builds on a trained it1 and keeps it0 as its reference, as every later one would;
 # each loop these tests run costs a third less than with the default three
 PARAMS["loop"] = {"it1": {"prev": "it0", "ref": "init"}, "it2": {"prev": "it1", "ref": "it0"}}
+SECRET = "dvc-remote-" + uuid.uuid4().hex  # a sentinel secret key for the DVC remote (not in any source file)
 HEAVY = pytest.mark.heavy  # a whole extra loop (or CoMAS's) beyond the shared one: `make test-e2e`, not CI
 
 
@@ -520,7 +522,7 @@ def test_a_team_shares_artifacts_and_experiments_through_a_dvc_remote(repo, tmp_
         sh(["dvc", "remote", "add", "-d", "team", str(tmp_path / "store")], a, env)
     else:
         url, creds = request.getfixturevalue("s3_endpoint")
-        env.update(creds)
+        env.update(creds, AWS_SECRET_ACCESS_KEY=SECRET)  # moto takes any key: a sentinel, swept for below
         sh(["dvc", "remote", "add", "-d", "team", "s3://loops/cache"], a, env)
         sh(["dvc", "remote", "modify", "team", "endpointurl", url], a, env)
     git_env = {**env, **GIT_ENV}
@@ -549,6 +551,10 @@ def test_a_team_shares_artifacts_and_experiments_through_a_dvc_remote(repo, tmp_
     assert "quiet-report" in names, shown
     sh(["dvc", "exp", "apply", "quiet-report"], b, env_b)
     assert yaml.safe_load((b / "params.yaml").read_text())["tracking"]["enabled"] is False
+    # the remote's secret key is in no file of either clone: dvc.lock, .dvc/config, outputs, mlflow.db
+    leaked = [str(f) for root in (a, b) for f in root.rglob("*")
+              if f.is_file() and not f.is_symlink() and SECRET.encode() in f.read_bytes()]
+    assert not leaked, leaked
 
 
 def _api(base: str, path: str, body: dict | None = None) -> dict:

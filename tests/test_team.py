@@ -1,7 +1,10 @@
 """What a team server lets a caller do: the flows' parameters a UI or API caller sets are checked
-against what exists before anything runs, and the repo a run works on is the one it was served with."""
+against what exists before anything runs, the repo a run works on is the one it was served with, the
+team servers refuse to start open beyond loopback, and no secret of the environment reaches an output."""
 
 from __future__ import annotations
+
+import uuid
 
 import pytest
 
@@ -49,7 +52,7 @@ def test_the_served_repo_and_the_flows_own_checkout_are_allowed(tmp_path, monkey
     assert check_repo(str(tmp_path / ".." / tmp_path.name)) == tmp_path.resolve()
 
 
-SENTINEL = "s3cr3t-Sentinel-7f3a"
+SENTINEL = "s3cr3t-" + uuid.uuid4().hex  # not in any source file a workspace may copy
 SECRETS = {"MLFLOW_TRACKING_PASSWORD": SENTINEL, "MLFLOW_TRACKING_USERNAME": "team",
            "PREFECT_API_AUTH_STRING": f"admin:{SENTINEL}", "AWS_SECRET_ACCESS_KEY": SENTINEL,
            "AWS_ACCESS_KEY_ID": "AKIAEXAMPLE"}
