@@ -37,12 +37,13 @@ class NftConfig(_Section):
 
 
 class DpoConfig(_Section):
-    """train.algorithm dpo, ipo, spin, cream: the preference family, with TRL's DPOConfig names
-    (algorithm ipo is TRL's loss_type "ipo")."""
+    """train.algorithm dpo, ipo, spin, cream: the preference family. `beta` is TRL's DPOConfig name
+    (algorithm ipo is TRL's loss_type "ipo"); `rpo_alpha` is Iterative RPO's NLL weight (Pang et al.
+    2024), averaged per pair, not per token as TRL's `sft` loss term (docs/loop.md)."""
 
     beta: float = Field(0.1, gt=0, description="dpo family: temperature of the implicit reward (IPO: its tau)")
     rpo_alpha: float = Field(1.0, ge=0, description="dpo/cream/spin: weight of the NLL term on the chosen "
-                             "answer (iterative RPO; 0: none)")
+                             "answer (iterative RPO: each pair's token-mean NLL, averaged over pairs; 0: none)")
 
 
 class GrpoConfig(_Section):
