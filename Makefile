@@ -4,6 +4,9 @@ PY := $(VENV)/bin/python
 # The CPU build of PyTorch; on a GPU machine use e.g. `make loop TORCH=torch`.
 TORCH ?= torch==2.13.0
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+# Prefect's server (make flow's ephemeral one, make prefect-server) sends no telemetry: offline it only
+# logged a failure to send it at every start
+export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 
 .PHONY: vllm-env vllm-server install loop seeds variants loop-smollm2 loops-smollm2 gap-smollm2 lengths-smollm2 gym-levels-smollm2 print-smol-recipe flow deploy worker serve test test-unit test-e2e test-e2e-ci test-slow test-slow-ci smollm2 bench bench-real bench-quick bench-real-quick mlflow-ui mlflow-server prefect-server mlflow-resend clean-state
 

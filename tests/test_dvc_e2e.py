@@ -428,6 +428,47 @@ def prefect_server(tmp_path_factory):
         server.wait(timeout=60)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_served_deployment_stops_within_seconds_of_a_signal(prefect_server, tmp_path, sig):
+    """`make serve` (flows.serve) registers its deployments, then a SIGTERM or a Ctrl-C stops it, and its
+    deployments are paused, within seconds (no SIGKILL needed)."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    port, penv = prefect_server
+    log = tmp_path / "serve.log"
+    served = subprocess.Popen([sys.executable, "-m", "flows.serve"], cwd=ROOT, env=penv, stdout=log.open("w"),
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        async def registered() -> bool:
+            with temporary_settings({PREFECT_API_URL: penv["PREFECT_API_URL"]}):
+                async with get_client() as client:
+                    for _ in range(180):
+                        try:
+                            await client.read_deployment_by_name("self-improve-loop/self-improve")
+                            return True
+                        except Exception:  # noqa: BLE001 - not registered yet
+                            await asyncio.sleep(1)
+            return False
+
+        assert asyncio.run(registered()), log.read_text()[-2000:]
+        for _ in range(180):  # this process serving (a deployment of an earlier one stays registered)
+            if "being served" in log.read_text():
+                break
+            time.sleep(1)
+        time.sleep(2)
+        started = time.perf_counter()
+        os.killpg(served.pid, sig)
+        served.wait(timeout=30)
+        assert time.perf_counter() - started < 10 and served.returncode == 0, log.read_text()[-2000:]
+        assert "All deployments have been paused" in log.read_text()
+    finally:
+        if served.poll() is None:
+            os.killpg(served.pid, signal.SIGKILL)
+
+
 @HEAVY
 def test_served_deployment_triggered_with_an_override(repo, prefect_server):
     """Serve the deployment, trigger it through the API as the UI does (an override), and find
