@@ -120,10 +120,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.server == "mlflow":
         cmd, env = mlflow_command(args.host, args.port, args.backend, args.artifacts, args.auth, args.auth_db,
                                   args.default_permission)
+        asks = cmd[-1] == "basic-auth"
     else:
         cmd, env = prefect_command(args.host, args.port, args.auth)
-    print(f"{args.server}: {'asks who is calling' if cmd[-1] == 'basic-auth' or 'PREFECT_SERVER_API_AUTH_STRING' in env else 'open to this machine'}"
-          f" on {args.host}:{args.port}", flush=True)
+        asks = bool(env.get("PREFECT_SERVER_API_AUTH_STRING", "").strip())  # Prefect enforces it whenever set
+    print(f"{args.server} on {args.host}:{args.port}: {'asks who is calling' if asks else 'open to this machine'}",
+          flush=True)
     os.execvpe(cmd[0], cmd, env)
 
 
