@@ -59,11 +59,11 @@ def main(argv: list[str] | None = None) -> None:
         stop = decide(art.read_json(args.history) if args.history else [], params.stop)
         if args.stop:
             art.write_json(stop.to_dict(), args.stop)
+        with art.atomic_path(args.curriculum) as tmp:
+            tmp.write_text(state.to_json(), encoding="utf-8")
         if stop.stopped:  # no prompts: nothing is sampled, judged or trained, the model is passed on
             prov = stage_provenance("evolve", args.iteration, params, PARAMS, [args.out]) | {"stopped": stop.reason}
             art.write_table(art.empty_table(art.PROMPTS), args.out, art.PROMPTS, prov)
-            with art.atomic_path(args.curriculum) as tmp:
-                tmp.write_text(state.to_json(), encoding="utf-8")
             return
         inp = ProposeInput(
             cfg=params.evolve, iteration=args.iteration, seed=seed,
@@ -79,8 +79,6 @@ def main(argv: list[str] | None = None) -> None:
         # name, so judges that need none share this output byte for byte (and DVC's cache with it)
         prov.update({"seed_prompts": n_seed, "rewrites_for_judge": inp.rewrites, **inp.stats})
         art.write_table(df, args.out, art.PROMPTS, prov)
-        with art.atomic_path(args.curriculum) as tmp:
-            tmp.write_text(state.to_json(), encoding="utf-8")
 
     run_stage("evolve", _args, body, argv, reads=PARAMS)
 
