@@ -27,7 +27,7 @@ from self_improve.config import (
     Params,
     judge_of,
 )
-from self_improve.engines.hf import SamplingSpec, generate
+from self_improve.engines.hf import Generations, SamplingSpec, generate
 from self_improve.engines.sampler import Sampler
 from self_improve.floors import metric_name
 from self_improve.judges import (
@@ -156,6 +156,38 @@ def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cf
     out["maj_accuracy"] = accuracy(votes, list(heldout["answer"]), task, list(heldout["category"]))
     out["maj_accuracy_se"] = binomial_se(out["maj_accuracy"], len(heldout))
     return out
+
+
+class Replay:
+    """The sampler of an iteration whose model is its predecessor's (the loop stopped before it): each
+    greedy answer the predecessor's evaluation recorded (`answers`: prompt -> (response, truncated)) is
+    given again instead of generated again; any other request (sampled answers, a prompt not recorded)
+    goes to the real engine, opened (`open_real`) on first use."""
+
+    backend = "replay"
+
+    def __init__(self, answers: dict[str, tuple[str, bool]], open_real):
+        self.answers, self.open_real, self.real = answers, open_real, None
+
+    def generate(self, prompts, spec, seed, desc="generate", progress=True) -> Generations:
+        if spec.greedy and spec.n == 1 and all(p in self.answers for p in prompts):
+            return Generations([[self.answers[p][0]] for p in prompts], [[self.answers[p][1]] for p in prompts])
+        if self.real is None:
+            self.real = self.open_real()
+        return self.real.generate(prompts, spec, seed, desc=desc, progress=progress)
+
+
+def recorded_answers(prev_eval: pd.DataFrame, heldout: pd.DataFrame, ttt: pd.DataFrame, seed: int,
+                     task: Task) -> dict[str, tuple[str, bool]]:
+    """The greedy answers of an evaluation (its eval.parquet) by prompt text: the sets model_metrics
+    answers greedily (held-out, test-time, the test-time problems' second wording), their prompts
+    looked up by prompt_id as model_metrics builds them with the same `seed`."""
+    prompts = {(set_name, pid): prompt for set_name, df in (*zip((s for _, s, _ in SETS), (heldout, ttt)),
+                                                            (choice.VIEW_SET, rewritten(task, ttt, seed)))
+               for pid, prompt in zip(df["prompt_id"], df["prompt"])}
+    return {prompts[(s, pid)]: (response, bool(cut))
+            for s, pid, response, cut in zip(prev_eval["set"], prev_eval["prompt_id"], prev_eval["response"],
+                                             prev_eval["truncated"]) if (s, pid) in prompts}
 
 
 def support_samples(sampler: Sampler, df: pd.DataFrame, cfg: EvaluateConfig, seed: int, task: Task,

@@ -8,7 +8,7 @@ since has passed the rule. With `stop.on_alarm`, it also stops when the reward-h
 (`quality.reward_hacking_alarm`; it reads held-out and verifier accuracy where the task has gold
 answers, so this part is not label-free). Once stopped, the loop stays stopped: an iteration whose
 predecessor stopped poses no prompts, so it samples, judges and trains nothing and passes its
-starting model on; its evaluation repeats its predecessor's.
+starting model on; its evaluation gives its predecessor's greedy answers again (evaluation.Replay).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from self_improve.engines.sampler import HFSampler, open_sampler
 from self_improve.evaluation import (
     category_mix,
     dataset_record,
+    Replay,
     frozen_yes,
     gains,
     head_to_head,
@@ -27,6 +28,7 @@ from self_improve.evaluation import (
     judged_examples,
     model_metrics,
     pair_examples,
+    recorded_answers,
     records,
     train_coverage,
 )
@@ -52,6 +54,7 @@ PARAMS = (
     "sample.backend", "sample.gpu_memory_utilization", "sample.vllm", "sample.ct2", "sample.stop_at_answer",
     "security",
 )
+MAJ = ("maj_accuracy", "maj_accuracy_se")  # model_metrics' sampled metrics (evaluate.k)
 
 
 def _args(p: argparse.ArgumentParser) -> None:
@@ -71,6 +74,8 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bstar", help="in: the bstar stage's choice, reported beside the iteration's metrics")
     p.add_argument("--base-eval", help="in: it0's answers to the same problems: gains with paired intervals")
     p.add_argument("--stop", help="in: whether the loop stopped before this iteration (evolve's stop.json)")
+    p.add_argument("--prev-eval", help="in: the previous iteration's answers (eval.parquet): a stopped "
+                                       "iteration's model is that one, so its greedy answers are given again")
     p.add_argument("--prev-history", help="in: the metrics of it0 .. the previous iteration (history.json)")
     p.add_argument("--history", help="out: those and this iteration's metrics (history.json: the next "
                                      "iteration's evolve reads it to decide whether the loop stops)")
@@ -82,15 +87,27 @@ def main(argv: list[str] | None = None) -> None:
     def body(args: argparse.Namespace, params: Params) -> None:
         step = params.iteration_index(args.iteration)
         set_threads()
-        sampler = open_sampler(args.model, params.sample, params.security, args.base, params.model, args.engine)
         heldout = art.read_table(args.heldout, art.PROMPTS)
         ttt = art.read_table(args.ttt, art.PROMPTS)
         metrics = {"iteration": args.iteration, "step": step}
         task = task_for(params.task)
+
+        def engine():
+            return open_sampler(args.model, params.sample, params.security, args.base, params.model, args.engine)
+
+        cfg, again = params.evaluate, {}
+        if args.prev_eval and args.prev_history and args.stop and art.read_json(args.stop).get("stopped"):
+            # the predecessor's model, seed and problems: its greedy answers and its maj@k (same samples)
+            sampler = Replay(recorded_answers(art.read_table(args.prev_eval, art.EVAL), heldout, ttt,
+                                              derive_seed(params.seed, "evaluate"), task), engine)
+            before = art.read_json(args.prev_history)[-1]
+            cfg, again = cfg.model_copy(update={"k": 0}), {k: before[k] for k in MAJ if k in before}
+        else:
+            sampler = engine()
         answers: list[dict] = []
-        metrics.update(model_metrics(sampler, heldout, ttt, params.evaluate, derive_seed(params.seed, "evaluate"),
+        metrics.update(model_metrics(sampler, heldout, ttt, cfg, derive_seed(params.seed, "evaluate"),
                                      task, answers=answers, base_samples=not args.base_eval,
-                                     stop_at=answer_stop(task, params.sample.stop_at_answer)))
+                                     stop_at=answer_stop(task, params.sample.stop_at_answer)) | again)
         answers_df = pd.DataFrame(answers, columns=[f.name for f in art.EVAL if f.name != "iteration"])
         answers_df.insert(0, "iteration", args.iteration)
         if params.judge.frozen != FrozenJudge.none and not ttt.empty:

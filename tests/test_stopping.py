@@ -64,6 +64,11 @@ def test_a_stopped_loop_trains_nothing_and_passes_the_model_on(tmp_path, tiny_ra
     tiny_raw["stop"] = {"enabled": True, "patience": 1}
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(tiny_raw))
+    import stages.evaluate
+
+    opened = []  # the models evaluate loads an engine for: a stopped iteration's answers are given again
+    real = stages.evaluate.open_sampler
+    monkeypatch.setattr(stages.evaluate, "open_sampler", lambda model, *a, **kw: opened.append(model) or real(model, *a, **kw))
     run_all(tmp_path, params, monkeypatch)
     history = art.read_json(tmp_path / "data/it3/history.json")
     assert [r["iteration"] for r in history] == ["it0", "it1", "it2", "it3"]
@@ -86,5 +91,6 @@ def test_a_stopped_loop_trains_nothing_and_passes_the_model_on(tmp_path, tiny_ra
             assert history[n]["accuracy"] == history[n - 1]["accuracy"]
     # the tiny base's 30 test-time problems: no 2-point rise of agreement beyond noise at it1
     assert stopped, "expected the tiny loop to stop (it1 did not pass the rule)"
+    assert opened == [f"data/{it}/model" for it in ("it0", "it1", "it2", "it3") if it not in stopped]
     summary = (tmp_path / "reports/summary.md").read_text()
     assert f"**The loop stopped after {history[1 + ['it1', 'it2', 'it3'].index(stopped[0])]['stop_at']}**" in summary
