@@ -5,12 +5,13 @@ The logic: self_improve/evaluation.py."""
 from __future__ import annotations
 
 import argparse
+import time
 
 import pandas as pd
 
 from self_improve import artifacts as art
 from self_improve import choice
-from self_improve.cli import derive_seed, run_stage, stage_provenance
+from self_improve.cli import derive_seed, note_timing, run_stage, stage_provenance
 from self_improve.config import (
     ConfigError,
     FrozenJudge,
@@ -41,6 +42,7 @@ from self_improve.judges.rubric import load_template
 from self_improve.models.loading import load_model, set_threads
 from self_improve.stopping import STOPPED
 from self_improve.tasks import answer_stop, task_for
+from self_improve.tracking import log_as_it_ends
 
 # the params keys this stage reads (it0, as evaluate_base, without the iteration's judge): dvc.yaml's
 # params for it, and its provenance
@@ -165,6 +167,9 @@ def main(argv: list[str] | None = None) -> None:
             art.write_json((art.read_json(args.prev_history) if args.prev_history else []) + [metrics], args.history,
                            sort_keys=False)
         art.write_json(metrics, args.out)
+        started = time.perf_counter()
+        log_as_it_ends(args.params, args.iteration, step, metrics)
+        note_timing("tracking_seconds", time.perf_counter() - started)
 
     run_stage("evaluate", _args, body, argv,
               reads=lambda args: BASE_PARAMS if args.iteration == "it0" else PARAMS)

@@ -19,7 +19,7 @@ from self_improve.config import ConfigError, Params, flatten
 from self_improve.errors import PipelineError
 from self_improve.iterations import history, load_iterations
 from self_improve.reporting import COLUMNS, alarms, plot, summary_markdown
-from self_improve.tracking import IterationRecord, LoopRecord, NoOpTracker, make_tracker, run_identity
+from self_improve.tracking import IterationRecord, LoopRecord, NoOpTracker, loop_key, make_tracker, numeric, run_identity
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +79,7 @@ def main(argv: list[str] | None = None) -> None:
                 tables[f"examples/{it}_pairs.json"] = pd.DataFrame(ex["pairs"], columns=art.PAIR_EXAMPLE_COLUMNS)
             records.append(IterationRecord(
                 iteration=it, step=int(row["step"]),
-                metrics={**{k: float(v) for k, v in row.items()
-                            if isinstance(v, (int, float)) and v == v and k != "step"},
-                         "reward_hacking_alarm": float(it in fired)},
+                metrics={**numeric(row), "reward_hacking_alarm": float(it in fired)},
                 datasets=[(kind, ex["datasets"][kind]) for kind in ("prompts", "pairs")
                           if kind in ex.get("datasets", {})],
                 tables=tables,
@@ -91,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
         tracker = make_tracker(params.tracking)
         if args.resend and isinstance(tracker, NoOpTracker):
             raise ConfigError("report --resend: tracking is off (params tracking.enabled, or SELF_IMPROVE_TRACKING=0)")
-        run_id = tracker.log_loop(record)
+        run_id = tracker.log_loop(record, "" if args.resend else loop_key(args.params))
         note_timing("tracking_seconds", time.perf_counter() - started)
         if run_id:
             log.info("MLflow parent run %s (%s)", run_id, name)
