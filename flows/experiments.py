@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -259,39 +260,17 @@ def machine() -> dict[str, Any]:
             "isa": " ".join(f for f in ("avx2", "avx512f") if f in flags), "pins": pin_cpu_kernels()}
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
+def result_iterations(groups: dict[str, list[dict]], root: Path = ROOT) -> list[str]:
+    """The iterations the kept results reach (six for a long recipe), in loop order; without
+    results, those of `root`'s params.yaml."""
+    found = {it for runs in groups.values() for r in runs for it in r.get("metrics", {})}
+    number = lambda it: int(m.group()) if (m := re.search(r"\d+", it)) else -1  # noqa: E731
+    return sorted(found, key=lambda it: (number(it), it)) if found else iterations(root)
 
 
 def write_reports(out: Path, root: Path = ROOT) -> str:
     groups = load_results(out)
-    its = iterations(root)
+    its = result_iterations(groups, root)
     text = table(groups, its)
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(text)

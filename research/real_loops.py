@@ -32,8 +32,9 @@ from flows.plain import threads_per_job
 from flows.experiments import ROOT, run_experiment, run_plain, write_reports
 from self_improve import recipes
 
-def recipe(name: str) -> list[str]:
-    return recipes.set_args(recipes.load(ROOT / recipes.path_of(name)))
+def recipe(names: str | list[str]) -> list[str]:
+    """The `-S` args of one setup or several composed left to right (`smollm2-v3 long`)."""
+    return recipes.set_args(recipes.load_all([names] if isinstance(names, str) else names, ROOT))
 
 
 def judge_overrides(judge: str) -> list[str]:
@@ -43,7 +44,7 @@ def judge_overrides(judge: str) -> list[str]:
     return recipes.set_args(rule_overrides(judge, ROOT))
 
 
-def run_one(judge: str, seed: int, force: bool, recipe_name: str = "smollm2-v3", *, out: Path,
+def run_one(judge: str, seed: int, force: bool, recipe_name: str | list[str] = "smollm2-v3", *, out: Path,
             sets: list[str] = (), tag: str = "", plain: Path | None = None, threads: int | None = None) -> Path | None:
     """One (judge, seed): a DVC experiment, or with `plain` the same stages without DVC (flows/plain.py)
     in `plain`/<name>. `sets`: more `key=value` overrides after the judge's; `tag` prefixes the name."""
@@ -63,8 +64,9 @@ def run_one(judge: str, seed: int, force: bool, recipe_name: str = "smollm2-v3",
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--judges", nargs="*", default=[], help="judge.method, llm_judge:<mode>, or a rule of research/gap.py")
-    ap.add_argument("--recipe", default="smollm2-v3",
-                    help="a setup of configs/recipes/ (smollm2-v3: word problems stratified by operation)")
+    ap.add_argument("--recipe", nargs="+", default=["smollm2-v3"],
+                    help="a setup of configs/recipes/ (smollm2-v3: word problems stratified by operation), or "
+                         "several composed left to right (smollm2-v3 long: six iterations and the stop)")
     ap.add_argument("--seeds", nargs="*", type=int, default=[0])
     ap.add_argument("-S", "--set-param", dest="sets", action="append", default=[],
                     help="one more override for every run, as `dvc exp run -S` takes it (repeatable)")
