@@ -125,8 +125,7 @@ def test_every_docs_page_is_in_the_index_and_the_front_door():
 
 
 def test_readme_is_a_front_door():
-    lines = README.read_text(encoding="utf-8").splitlines()
-    assert len(lines) <= 120, f"README.md has {len(lines)} lines; move detail to docs/"
+    lines = README.read_text(encoding="utf-8").splitlines()  # its length: test_readme_sentences_are_short
     for start, table in _tables(lines):
         assert len(_cells(table[0])) <= 8, f"README.md line {start + 1}: a table of more than 8 columns"
 
@@ -258,3 +257,26 @@ def test_every_figure_in_the_docs_is_a_figure_of_reports():
                 if m.group(1) not in reported and (page.name, m.group(1)) not in NOT_KEPT:
                     stray.append(f"{page.relative_to(ROOT)}:{n}: {m.group(0)}")
     assert not stray, "figures found in no file under reports/:\n" + "\n".join(stray)
+
+
+def test_the_readme_headline_tables_are_generated_from_the_kept_results():
+    """README.md's tables between `<!-- headline:NAME -->` markers and research/results/headline.md are
+    what `python -m research.headline` makes of the kept results now."""
+    from research.headline import HEADLINE, headline, render
+
+    text = README.read_text(encoding="utf-8")
+    assert render(text) == text, "README.md's headline tables are stale: run python -m research.headline"
+    assert HEADLINE.read_text(encoding="utf-8") == headline()
+
+
+def test_readme_sentences_are_short():
+    """The front door in sentences a reader holds: at most ~1,000 words of prose (outside code and
+    tables), none of its sentences over 50 words."""
+    text = re.sub(r"```.*?```", "", README.read_text(encoding="utf-8"), flags=re.S)
+    lines = [line for line in text.splitlines() if not line.startswith(("|", "<!--", "#"))]
+    words = sum(len(line.split()) for line in lines)
+    assert words <= 1000, f"README.md: {words} words of prose"
+    # a paragraph or a list item at a time, each cut into sentences
+    blocks = re.split(r"\n\s*\n|\n(?=- )", "\n".join(lines))
+    long = [s for b in blocks for s in re.split(r"(?<=[.!?])\s+", " ".join(b.split())) if len(s.split()) > 50]
+    assert not long, "README.md sentences over 50 words:\n" + "\n".join(long)
