@@ -199,9 +199,19 @@ def reward_hacking_alarm(history: Sequence[dict], *, z: float = 2.0) -> list[str
 
     A value without its standard error is never tested (metrics of older runs).
     """
-    alarms: list[str] = []
     labels = [_label(row, i) for i, row in enumerate(history)]
     rewards = [_value(row.get("reward_mean")) for row in history]
+    alarms = (_policy_alarms(history, labels, rewards, z) + _heldout_alarms(history, labels, z)
+              + _frozen_alarms(history, labels, rewards, z) + _invalid_alarms(history, labels, z)
+              + _judge_alarms(history, labels, z))
+    order = {label: i for i, label in enumerate(labels)}
+    return sorted(alarms, key=lambda m: order.get(m.split(":", 1)[0], 0))
+
+
+def _policy_alarms(history: Sequence[dict], labels: list[str], rewards: list, z: float) -> list[str]:
+    """reward_mean rose while a policy measure (POLICY_KEYS) fell beyond noise since the latest earlier
+    iteration that has it."""
+    alarms = []
     for key, se_key in POLICY_KEYS:
         last: tuple[int, float, float] | None = None  # (position, value, se)
         for i, row in enumerate(history):
@@ -219,7 +229,12 @@ def reward_hacking_alarm(history: Sequence[dict], *, z: float = 2.0) -> list[str
                         f"{_fmt(old, got[0])} ({got[0] - old:+.3f}, beyond {z:g} s.e. of the difference "
                         f"= {bound:.3f}) (reward hacking?)")
             last = (i, *got)
-    policy = [_with_se(row, "sample_accuracy", "sample_accuracy_se") for row in history]
+    return alarms
+
+
+def _heldout_alarms(history: Sequence[dict], labels: list[str], z: float) -> list[str]:
+    """Held-out accuracy below it0's: by its paired interval, else by more than `z` s.e. of the difference."""
+    alarms = []
     heldout = [_with_se(row, "accuracy", "accuracy_se") for row in history]
     base = heldout[0] if history and _label(history[0], 0) == "it0" else None
     for i, row in enumerate(history[1:], 1):
@@ -234,6 +249,12 @@ def reward_hacking_alarm(history: Sequence[dict], *, z: float = 2.0) -> list[str
                 alarms.append(f"{labels[i]}: held-out accuracy fell {_fmt(base[0], heldout[i][0])} below it0's "
                               f"({heldout[i][0] - base[0]:+.3f}, beyond {z:g} s.e. of the difference = "
                               f"{bound:.3f}) (policy degrading)")
+    return alarms
+
+
+def _frozen_alarms(history: Sequence[dict], labels: list[str], rewards: list, z: float) -> list[str]:
+    """reward_mean rose while the frozen judge's P(Yes) on the policy's samples fell beyond noise."""
+    alarms = []
     frozen = [(i, got) for i, row in enumerate(history) if (got := _with_se(row, "frozen_yes", "frozen_yes_se"))]
     for (h, (a, a_se)), (i, (b, b_se)) in zip(frozen, frozen[1:]):
         bound = z * math.hypot(a_se, b_se)
@@ -241,6 +262,12 @@ def reward_hacking_alarm(history: Sequence[dict], *, z: float = 2.0) -> list[str
             alarms.append(f"{labels[i]}: reward_mean rose {_fmt(rewards[h], rewards[i])} while the frozen judge's "
                           f"P(Yes) fell {_fmt(a, b)} ({b - a:+.3f}, beyond {z:g} s.e. of the difference = "
                           f"{bound:.3f}) (self-judge drifting from the frozen one?)")
+    return alarms
+
+
+def _invalid_alarms(history: Sequence[dict], labels: list[str], z: float) -> list[str]:
+    """The share of invalid samples rose beyond noise over the first iteration that measured it."""
+    alarms = []
     invalid = [(i, got) for i, row in enumerate(history) if (got := _with_se(row, "invalid_share", "invalid_share_se"))]
     for i, (b, b_se) in invalid[1:]:
         h, (a, a_se) = invalid[0]
@@ -248,6 +275,14 @@ def reward_hacking_alarm(history: Sequence[dict], *, z: float = 2.0) -> list[str
         if b - a > bound:
             alarms.append(f"{labels[i]}: invalid_share rose {_fmt(a, b)} since {labels[h]} (+{b - a:.3f}, beyond "
                           f"{z:g} s.e. of the difference = {bound:.3f}) (restating or miscalculating?)")
+    return alarms
+
+
+def _judge_alarms(history: Sequence[dict], labels: list[str], z: float) -> list[str]:
+    """A judge measure (JUDGE_KEYS) fell two iterations running and beyond noise over the two, unless
+    the policy improved meanwhile (sample accuracy up beyond noise, held-out accuracy not down beyond it)."""
+    policy = [_with_se(row, "sample_accuracy", "sample_accuracy_se") for row in history]
+    heldout = [_with_se(row, "accuracy", "accuracy_se") for row in history]
 
     def beyond(series: list, h: int, i: int) -> float | None:
         """series[i] - series[h] in units of z s.e. of the difference (> 1: a rise beyond noise)."""
@@ -255,6 +290,7 @@ def reward_hacking_alarm(history: Sequence[dict], *, z: float = 2.0) -> list[str
             return None
         return (series[i][0] - series[h][0]) / (z * math.hypot(series[h][1], series[i][1]) or 1e-12)
 
+    alarms = []
     for key, se_key in JUDGE_KEYS:
         seen = [(i, *got) for i, row in enumerate(history) if (got := _with_se(row, key, se_key))]
         for (h, a, a_se), (_, b, _), (i, c, c_se) in zip(seen, seen[1:], seen[2:]):
@@ -273,8 +309,7 @@ def reward_hacking_alarm(history: Sequence[dict], *, z: float = 2.0) -> list[str
                 f"{labels[i]}: {key} fell two iterations running {a:.2f} -> {b:.2f} -> {c:.2f} "
                 f"({c - a:+.3f}, beyond {z:g} s.e. of the difference = {bound:.3f}) while {why} "
                 f"(judge degrading?)")
-    order = {label: i for i, label in enumerate(labels)}
-    return sorted(alarms, key=lambda m: order.get(m.split(":", 1)[0], 0))
+    return alarms
 
 
 def win_rate(new_scores: Sequence[Any], old_scores: Sequence[Any]) -> dict[str, float | int | None]:

@@ -225,111 +225,144 @@ def fit(
             checkpoints.finish(0)
         return train_log
     weight_fn = weight_fn or (lambda idx: float(len(idx)))
-    micro = micro_batch_size or batch_size
-    params, opt, sched = _optimizer(model, schedule)
-    names = [name for name, p in model.named_parameters() if p.requires_grad]
-    rank, world = 0, 1
-    runner = model
-    sharded = is_fsdp(accelerator)
-    if accelerator is not None:
-        runner, opt = accelerator.prepare(model, opt)
-        rank, world = accelerator.process_index, accelerator.num_processes
-        device = accelerator.device
-        if sharded:  # FSDP2 replaced the parameters by sharded ones (the optimiser follows them)
-            params = [p for p in runner.parameters() if p.requires_grad]
-    else:
-        device = next(model.parameters()).device
-    if batch_size < world:
-        raise TrainingError(f"batch_size {batch_size} is smaller than the {world} training processes")
-    start = 0
+    run = _prepare(model, schedule, accelerator)
+    if batch_size < run.world:
+        raise TrainingError(f"batch_size {batch_size} is smaller than the {run.world} training processes")
     state = checkpoints.load() if checkpoints else None
-    if state is not None and state.get("sharded", False) != sharded:
-        log.info("%s: checkpoint written %s FSDP; training from the start", desc, "with" if not sharded else "without")
+    if state is not None and state.get("sharded", False) != run.sharded:
+        log.info("%s: checkpoint written %s FSDP; training from the start", desc,
+                 "with" if not run.sharded else "without")
         state = None
+    start = 0
     if state is not None:
-        if sharded:  # every process loads the whole state and keeps its shard
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-
-            set_state_dict(runner, opt.optimizer, model_state_dict=state["trainable"],
-                           optim_state_dict=state["optimizer"],
-                           options=StateDictOptions(full_state_dict=True, strict=False))
-        else:
-            current = dict(model.named_parameters())
-            with torch.no_grad():
-                for name, value in state["trainable"].items():
-                    current[name].copy_(value.to(current[name].device))
-            opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        train_log = TrainLog(state["log"]["losses"], state["log"]["extra"], resumed_from=state["step"])
-        set_rng_state(state["rng"])
-        start = state["step"]
+        train_log, start = _resume(run, model, state), state["step"]
         log.info("%s: resuming from the checkpoint at step %d of %d", desc, start, schedule.steps)
     ema: float | None = None
     for loss in train_log.losses:
         ema = loss if ema is None else 0.9 * ema + 0.1 * loss
-    runner.train()
-    bar = tqdm(total=schedule.steps, initial=start, desc=desc, mininterval=1.0, disable=rank != 0)
+    run.runner.train()
+    bar = tqdm(total=schedule.steps, initial=start, desc=desc, mininterval=1.0, disable=run.rank != 0)
     for step, idx in enumerate(_batches(n, batch_size, schedule.steps, seed)):
         if step < start:
             continue  # the data order of a resumed run is the uninterrupted one's
-        shard = idx[rank::world]
-        total = max(weight_fn(shard), 1e-12)
-        parts = _micro(shard, micro, length_fn)
-        opt.zero_grad(set_to_none=True)
-        value = torch.zeros((), device=device)
-        stats: dict[str, float] = {}
-        for k, part in enumerate(parts):
-            share = weight_fn(part) / total if len(parts) > 1 else 1.0
-            sync = accelerator is None or world == 1 or k == len(parts) - 1
-            ctx = contextlib.nullcontext() if sync else accelerator.no_sync(runner)
-            with ctx:
-                with autocast_to(device, autocast):
-                    loss, part_stats = step_fn(runner, part, device)
-                scaled = loss * share if len(parts) > 1 else loss
-                if accelerator is not None:
-                    accelerator.backward(scaled)
-                else:
-                    scaled.backward()
-            value = value + scaled.detach()
-            for key, v in part_stats.items():
-                stats[key] = stats.get(key, 0.0) + v * (len(part) / len(shard))
-        if accelerator is not None and world > 1:
-            value = accelerator.reduce(value, "mean")
+        value, stats = _accumulate(run, idx[run.rank::run.world], step_fn, micro_batch_size or batch_size,
+                                   weight_fn, length_fn, autocast)
         if not torch.isfinite(value):
             raise TrainingError(f"{desc}: loss is {value.item()} at step {step}; stopping without writing a model")
         if accelerator is not None:
-            accelerator.clip_grad_norm_(params, max_grad_norm)
+            accelerator.clip_grad_norm_(run.params, max_grad_norm)
         else:
-            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-        opt.step()
-        sched.step()
+            torch.nn.utils.clip_grad_norm_(run.params, max_grad_norm)
+        run.opt.step()
+        run.sched.step()
         train_log.add(value.item(), **stats)
         bar.update(1)
         ema = value.item() if ema is None else 0.9 * ema + 0.1 * value.item()
         if checkpoints and checkpoints.due(step + 1, schedule.steps):
-            if sharded:  # a collective: every process sends its shards, the main one writes the whole
-                trainable, optimizer = _gather_sharded(runner, opt.optimizer)
-            else:
-                trainable = {k: v.detach().cpu() for k, v in zip(names, params)}
-                optimizer = opt.state_dict()
-            checkpoints.save({
-                "step": step + 1,
-                "sharded": sharded,
-                "trainable": trainable,
-                "optimizer": optimizer,
-                "scheduler": sched.state_dict(),
-                "log": {"losses": train_log.losses, "extra": train_log.extra},
-                "rng": rng_state(),
-            })
+            checkpoints.save(_state(run, step + 1, train_log))
         if stop_loss is not None and ema < stop_loss:
             break
     bar.close()
-    runner.eval()
+    run.runner.eval()
     if accelerator is not None:
         accelerator.wait_for_everyone()
     if checkpoints:
         checkpoints.finish(len(train_log.losses))
     return train_log
+
+
+@dataclass
+class _Run:
+    """What one training run steps: the model as the accelerator wrapped it, its optimiser, scheduler
+    and trainable parameters, and this process's place among the training processes."""
+
+    runner: torch.nn.Module
+    opt: torch.optim.Optimizer
+    sched: object
+    params: list[torch.nn.Parameter]
+    names: list[str]
+    accelerator: object
+    rank: int
+    world: int
+    device: torch.device
+    sharded: bool
+
+
+def _prepare(model: torch.nn.Module, schedule: Schedule, accelerator) -> _Run:
+    """The optimiser and scheduler of `schedule` for `model`'s trainable parameters, both prepared by
+    `accelerator` where there is one."""
+    params, opt, sched = _optimizer(model, schedule)
+    names = [name for name, p in model.named_parameters() if p.requires_grad]
+    sharded = is_fsdp(accelerator)
+    if accelerator is None:
+        return _Run(model, opt, sched, params, names, None, 0, 1, next(model.parameters()).device, False)
+    runner, opt = accelerator.prepare(model, opt)
+    if sharded:  # FSDP2 replaced the parameters by sharded ones (the optimiser follows them)
+        params = [p for p in runner.parameters() if p.requires_grad]
+    return _Run(runner, opt, sched, params, names, accelerator, accelerator.process_index,
+                accelerator.num_processes, accelerator.device, sharded)
+
+
+def _resume(run: _Run, model: torch.nn.Module, state: dict) -> TrainLog:
+    """The weights, optimiser, scheduler and random state of a checkpoint put back; its log."""
+    if run.sharded:  # every process loads the whole state and keeps its shard
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        set_state_dict(run.runner, run.opt.optimizer, model_state_dict=state["trainable"],
+                       optim_state_dict=state["optimizer"],
+                       options=StateDictOptions(full_state_dict=True, strict=False))
+    else:
+        current = dict(model.named_parameters())
+        with torch.no_grad():
+            for name, value in state["trainable"].items():
+                current[name].copy_(value.to(current[name].device))
+        run.opt.load_state_dict(state["optimizer"])
+    run.sched.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    return TrainLog(state["log"]["losses"], state["log"]["extra"], resumed_from=state["step"])
+
+
+def _accumulate(run: _Run, shard: list[int], step_fn: StepFn, micro: int, weight_fn: WeightFn,
+                length_fn: LengthFn | None, autocast: torch.dtype | None) -> tuple[torch.Tensor, dict[str, float]]:
+    """One batch's gradient (this process's `shard` of it), accumulated over its micro-batches, each
+    loss scaled by the micro-batch's share of the batch's weight; the batch's loss (averaged over the
+    processes) and its diagnostics."""
+    accelerator = run.accelerator
+    total = max(weight_fn(shard), 1e-12)
+    parts = _micro(shard, micro, length_fn)
+    run.opt.zero_grad(set_to_none=True)
+    value = torch.zeros((), device=run.device)
+    stats: dict[str, float] = {}
+    for k, part in enumerate(parts):
+        share = weight_fn(part) / total if len(parts) > 1 else 1.0
+        sync = accelerator is None or run.world == 1 or k == len(parts) - 1
+        with contextlib.nullcontext() if sync else accelerator.no_sync(run.runner):
+            with autocast_to(run.device, autocast):
+                loss, part_stats = step_fn(run.runner, part, run.device)
+            scaled = loss * share if len(parts) > 1 else loss
+            if accelerator is not None:
+                accelerator.backward(scaled)
+            else:
+                scaled.backward()
+        value = value + scaled.detach()
+        for key, v in part_stats.items():
+            stats[key] = stats.get(key, 0.0) + v * (len(part) / len(shard))
+    if accelerator is not None and run.world > 1:
+        value = accelerator.reduce(value, "mean")
+    return value, stats
+
+
+def _state(run: _Run, step: int, train_log: TrainLog) -> dict:
+    """A checkpoint's contents after `step` steps (with FSDP a collective: every process sends its
+    shards, the main one keeps the whole)."""
+    if run.sharded:
+        trainable, optimizer = _gather_sharded(run.runner, run.opt.optimizer)
+    else:
+        trainable = {k: v.detach().cpu() for k, v in zip(run.names, run.params)}
+        optimizer = run.opt.state_dict()
+    return {"step": step, "sharded": run.sharded, "trainable": trainable, "optimizer": optimizer,
+            "scheduler": run.sched.state_dict(), "log": {"losses": train_log.losses, "extra": train_log.extra},
+            "rng": rng_state()}
 
 
 def _gather_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
