@@ -8,16 +8,29 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # logged a failure to send it at every start
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 
-.PHONY: vllm-env vllm-server install loop seeds variants loop-smollm2 loops-smollm2 gap-smollm2 lengths-smollm2 gym-levels-smollm2 print-smol-recipe flow deploy worker serve test test-unit test-e2e test-e2e-ci test-slow test-slow-ci smollm2 bench bench-real bench-quick bench-real-quick mlflow-ui mlflow-server prefect-server mlflow-resend clean-state
+.PHONY: vllm-env vllm-server install lock lock-check loop seeds variants loop-smollm2 loops-smollm2 gap-smollm2 lengths-smollm2 gym-levels-smollm2 print-smol-recipe flow deploy worker serve test test-unit test-e2e test-e2e-ci test-slow test-slow-ci smollm2 bench bench-real bench-quick bench-real-quick mlflow-ui mlflow-server prefect-server mlflow-resend clean-state
 
-$(VENV)/.installed: pyproject.toml
+# every package at the version requirements.lock gives (constraints: what the project needs, nothing more)
+$(VENV)/.installed: pyproject.toml requirements.lock
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q "$(TORCH)" -c requirements.lock
+	$(PY) -m pip install -q -e ".[dev]" -c requirements.lock
 	touch $@
 
 install: $(VENV)/.installed
+
+LOCK_VENV ?= .venv-lock
+lock:  ## requirements.lock again, from a fresh install at today's releases (after a change to pyproject.toml's dependencies)
+	rm -rf $(LOCK_VENV) && python3 -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install -q --upgrade pip
+	$(LOCK_VENV)/bin/python -m pip install -q "$(TORCH)"
+	$(LOCK_VENV)/bin/python -m pip install -q -e ".[dev]"
+	$(LOCK_VENV)/bin/python -m scripts.lock
+	rm -rf $(LOCK_VENV)
+
+lock-check: install  ## fail when requirements.lock is stale against pyproject.toml or the installed packages (CI runs it)
+	$(PY) -m scripts.lock --check
 
 loop: install  ## run the whole loop: base model, then iterations it1..it3
 	dvc repro

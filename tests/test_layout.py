@@ -38,9 +38,10 @@ def test_nothing_in_the_product_imports_research():
 
 
 def test_scripts_holds_build_tools_only():
-    """scripts/ builds the repository (generated docs and dependency lists, the real model's weights, the
-    CoMAS pipeline file): the runners live in flows/, the analyses in research/."""
-    assert sorted(p.stem for p in (ROOT / "scripts").glob("*.py")) == ["__init__", "comas_pipeline", "deps", "docs", "smollm2"]
+    """scripts/ builds the repository (generated docs and dependency lists, the install's lock, the real
+    model's weights, the CoMAS pipeline file): the runners live in flows/, the analyses in research/."""
+    assert sorted(p.stem for p in (ROOT / "scripts").glob("*.py")) == [
+        "__init__", "comas_pipeline", "deps", "docs", "lock", "smollm2"]
 
 
 def test_the_console_script_reaches_every_runner():
@@ -87,3 +88,16 @@ def test_every_template_ships_as_package_data_and_resolves_from_anywhere(tmp_pat
     own = tmp_path / "mine.txt"
     own.write_text("{instruction} {response}")
     assert templates.resolve(str(own)) == own  # the user's own file wins
+
+
+def test_the_lock_answers_to_pyprojects_dependencies():
+    """requirements.lock (make install's constraints) was made for the dependencies pyproject.toml
+    lists now; `make lock` makes it again after a change (CI's `make lock-check` also compares it with
+    what was installed)."""
+    from scripts.lock import HEADER, LOCK, pyproject_digest
+
+    first = LOCK.read_text(encoding="utf-8").splitlines()[0]
+    assert first == HEADER + pyproject_digest(), "requirements.lock is stale: run make lock"
+    pins = [line for line in LOCK.read_text(encoding="utf-8").splitlines() if line and not line.startswith("#")]
+    assert all("==" in p and "+" not in p for p in pins)
+    assert any(p.startswith("torch==") for p in pins) and any(p.startswith("dvc==") for p in pins)
