@@ -10,6 +10,8 @@
    tokens/s batched vs one sequence at a time, judge log-prob scoring and RAFT training tokens/s,
    and the sample stage at four prompt counts with a fitted line. On a GPU the same sampling runs
    on CUDA, and with vLLM when it is installed.
+3. A busy machine (benchmarks/busy.py): the base model's training and evaluation alone and beside one
+   and two busy processes, under OpenMP's default wait policy and the passive one the project sets.
 
 Figures go to the JSON file given by --out; the last line printed sums up the targets.
 
@@ -318,6 +320,11 @@ def main(argv: list[str] | None = None) -> None:
         save()
         if torch.cuda.is_available():
             res["cuda"] = bench_compute(work, "cuda", single)
+            save()
+        if not args.direct:  # a stage beside busy processes, in a clone of its own
+            from benchmarks.busy import bench_busy
+
+            res["busy"] = bench_busy(clone(Path(tmp) / "busy"), args.quick)
             save()
     print(json.dumps(res, indent=2))
     print(f"figures written to {out}")

@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from self_improve.cpu import usable_cpus
+
 ROOT = Path(__file__).resolve().parents[1]
 # what a stage reads from the tree besides its code: the pipeline, tracked inputs, recipes' configs;
 # models/ is linked (the base checkpoints `make smollm2` and friends put there)
@@ -53,7 +55,7 @@ def prepare_workspace(work: Path, params_text: str, root: Path = ROOT) -> Path:
 
 def threads_per_job(jobs: int) -> int:
     """The CPU threads each of `jobs` runs at once gets (at least one)."""
-    return max(1, (os.cpu_count() or 1) // jobs)
+    return max(1, usable_cpus() // jobs)
 
 
 def launch(work: Path, *, threads: int | None = None, only: tuple[str, ...] | None = None,

@@ -9,6 +9,12 @@ AVX2 kernels (`ATEN_CPU_CAPABILITY`, `MKL_CBWR`, `ONEDNN_MAX_CPU_ISA`), unless t
 already sets them. `SELF_IMPROVE_CPU_ISA=native` lets each library take the fastest kernels it
 finds instead (results then depend on the machine). The number of threads still matters: a
 reduction split over 2 threads adds in another order than over 16.
+
+OpenMP's threads wait passively (`OMP_WAIT_POLICY=PASSIVE`, unless the environment sets it): by
+default each spins for a while before it sleeps, and on a machine another process keeps busy (a
+browser, a shared runner) the spinning threads fight it for the cores (make bench's `busy` section
+measures a stage beside one and two busy processes under both policies).
+`SELF_IMPROVE_OMP_WAIT=default` leaves OpenMP's default.
 """
 
 
@@ -36,13 +42,23 @@ PINNED_BY = "SELF_IMPROVE_PINNED"  # set beside the pins this module set (childr
 
 
 def pin_cpu_kernels() -> dict[str, str]:
-    """Set the AVX2 pins (those not already set); returns what is now in force."""
+    """Set the AVX2 pins (those not already set) and OpenMP's passive wait; returns the pins in force."""
     if os.environ.get("SELF_IMPROVE_CPU_ISA", "avx2").lower() != "native" and _has_avx2():
         if "ONEDNN_MAX_CPU_ISA" not in os.environ:
             os.environ[PINNED_BY] = "1"
         for key, value in PINS.items():
             os.environ.setdefault(key, value)
+    if os.environ.get("SELF_IMPROVE_OMP_WAIT", "passive").lower() != "default":
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     return {key: os.environ[key] for key in PINS if key in os.environ}
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity: a container's or `taskset`'s share), not the machine's."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 def unpinned_env(env: dict[str, str]) -> dict[str, str]:

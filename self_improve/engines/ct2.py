@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from self_improve.config import Ct2Config, ModelConfig, SecurityConfig
+from self_improve.cpu import usable_cpus
 from self_improve.errors import ConfigError, PipelineError
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,7 @@ def convert(model_dir: str | Path, base: str | Path | None, out: Path, security:
 
 def _threads(cfg: Ct2Config) -> tuple[int, int]:
     """(inter, intra) threads: `cfg.threads` cores in all (0: every core, or OMP_NUM_THREADS)."""
-    total = cfg.threads or int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1
+    total = cfg.threads or int(os.environ.get("OMP_NUM_THREADS") or 0) or usable_cpus()
     inter = max(1, min(cfg.inter_threads, total))
     return inter, max(1, total // inter)
 

@@ -28,6 +28,7 @@ import urllib.request
 from pathlib import Path
 
 from self_improve.config import SecurityConfig, VllmConfig
+from self_improve.cpu import usable_cpus
 from self_improve.errors import PipelineError
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ class VLLMServer:
                "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(8192, max_model_len))]
         if security.trust_remote_code:
             cmd.append("--trust-remote-code")
-        threads = str(os.cpu_count() or 1)
+        threads = str(usable_cpus())
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads),
                "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gb)),
                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}

@@ -29,6 +29,7 @@ from transformers import (
 )
 
 from self_improve.artifacts import ArtifactError, atomic_path
+from self_improve.cpu import usable_cpus
 from self_improve.config import DType, LoraConfig, ModelConfig, ModelShape, SecurityConfig
 from self_improve.errors import ConfigError
 from self_improve.models.base import (
@@ -292,9 +293,9 @@ def attach_lora(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
 
 
 def set_threads() -> None:
-    """Use every core for intra-op parallelism unless the user said otherwise."""
+    """Use every CPU this process may run on for intra-op parallelism unless the user said otherwise."""
     if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, os.cpu_count() or 1))
+        torch.set_num_threads(usable_cpus())
 
 
 def export_merged(model_dir: str | Path, base: str | Path | None, out: str | Path,
