@@ -111,7 +111,7 @@ def bench_loop(tmp: Path, quick: bool = False) -> tuple[dict, Path]:
 def bench_direct(work: Path) -> dict:
     """The loop's stage commands from dvc.yaml run one after another, no DVC, MLflow off
     (for a machine without them, e.g. a GPU box)."""
-    from flows.dag import stage_commands
+    from runners.dag import stage_commands
 
     timings = work / "timings.jsonl"
     env = {**_env(work, timings), "SELF_IMPROVE_TRACKING": "0"}

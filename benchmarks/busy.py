@@ -32,7 +32,7 @@ TARGETS = {"busy1_slowdown": 2.0, "alone_vs_default": 1.10}
 
 
 def _argv(work: Path, stage: str) -> list[str]:
-    from flows.dag import stage_commands
+    from runners.dag import stage_commands
 
     argv = next(a for name, a in stage_commands(work) if name == stage)
     return [sys.executable, *argv[1:]]

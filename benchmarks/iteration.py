@@ -6,7 +6,7 @@ costs in labels, pairs and answers (`make bench-real`'s `iteration` and `adaptiv
    samples it would draw, and the share of vote groups whose label, and of prompts whose pair (whether
    there is one, and its chosen answer), equal what all k samples give. The stream is drawn with the
    answer stop, and its new tokens are set beside the same prompts' tokens without it.
-2. `iteration`: the stages of it0 and it1 without DVC (flows/plain.py) in two workspaces, one with
+2. `iteration`: the stages of it0 and it1 without DVC (runners/plain.py) in two workspaces, one with
    today's settings (`TODAY`: every response sampled k times and run to its end, float32 training) and
    one with the fast ones (`FAST`); the seconds of it1's sample, judge, pairs, train, engine and evaluate stages
    (SELF_IMPROVE_TIMINGS), their shares, and the ratio of the two iterations' seconds.
@@ -52,7 +52,7 @@ def adaptive_stream(model_dir: Path, recipe: str = "smollm2-v3", rule: str = "co
     """Adaptive sampling replayed on one fixed stream of it0's samples (see the module's docstring)."""
     import pandas as pd
 
-    from self_improve.cli import derive_seed
+    from self_improve.stage import derive_seed
     from self_improve.engines.sampler import open_sampler
     from self_improve.models.loading import set_threads
     from self_improve.sampling import sample
@@ -150,7 +150,7 @@ def replay(full, params, task, windows: tuple[int, ...] = (2, 4), seed: int = 0)
 def iteration(model_dir: Path, work: Path, recipe: str = "smollm2-v3", rule: str = "co_reward+validity_any",
               seed: int = 0, sets: dict | None = None) -> dict:
     """it1's stages timed with TODAY's settings and with FAST's (see the module's docstring)."""
-    from flows.plain import launch, log_tail, prepare_workspace
+    from runners.plain import launch, log_tail, prepare_workspace
     from self_improve.artifacts import read_provenance
 
     result: dict = {"recipe": recipe, "rule": rule, "seed": seed, "runs": {}}

@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 from prefect import flow
 from pydantic import Field
 
-from .dag import COMAS_FILE, comas_order, install_comas
+from runners.dag import COMAS_FILE, comas_order, install_comas
 from .loop import PATH_PATTERN, run_flow
 
 # (flow parameter, params.yaml key) for every override the form offers

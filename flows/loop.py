@@ -32,7 +32,7 @@ from pydantic import Field
 from self_improve import recipes
 from self_improve.config import ALGORITHMS, JUDGES, EvolveStrategy, parse_params
 
-from .dag import stage_order
+from runners.dag import stage_order
 
 
 class WorkspaceBusy(RuntimeError):

@@ -59,7 +59,7 @@ KEPT = ("research/results", "reports")  # where kept results live (reports/: the
 
 def runs(root: Path = ROOT) -> list[tuple[str, dict]]:
     """Every kept result under research/results/ and reports/: `<dir>/<variant>/s<seed>.json`
-    (flows/experiments.py: seeds, bstar, scaling) and `<dir>/<name>-s<seed>.json` (research/real_loops.py:
+    (runners/experiments.py: seeds, bstar, scaling) and `<dir>/<name>-s<seed>.json` (research/real_loops.py:
     smollm2*, engine_loop); those without per-iteration metrics are left out."""
     found = []
     for top in KEPT:

@@ -2,10 +2,10 @@
 
     python -m research.base_screen --seeds 14-33 --workdir /tmp/screen --jobs 2 --out research/results/base_screen.md
 
-For each seed, a workspace `workdir`/s<seed> (flows/plain.py) with params.yaml plus `seed` and
-the `-S` overrides, where only the stages that make and evaluate it0 run (flows.dag.BASE_STAGES:
+For each seed, a workspace `workdir`/s<seed> (runners/plain.py) with params.yaml plus `seed` and
+the `-S` overrides, where only the stages that make and evaluate it0 run (runners.dag.BASE_STAGES:
 nothing is trained), one process each, `--jobs` at once with the CPU threads split between them
-(as `flows.experiments --plain --jobs` splits them, so a base comes out as the loop's own it0). The table
+(as `runners.experiments --plain --jobs` splits them, so a base comes out as the loop's own it0). The table
 gives each base's held-out accuracy beside what the label-free choice (self_improve/choice.py) reads
 of it0: cross-view agreement, supported agreement (on answers the base's own samples give), their
 difference (agreement on answers the base never samples) and distinct answers. It costs a few
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import yaml
 
-from flows.dag import BASE_STAGES
-from flows import plain
-from flows.experiments import ROOT
+from runners.dag import BASE_STAGES
+from runners import plain
+from runners.experiments import ROOT
 from self_improve import recipes
 from self_improve.choice import unsupported_agreement
 from self_improve.errors import ConfigError
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
                         *([f"--recipe {args.recipe}"] if args.recipe else []), *(f"-S {p}" for p in args.params),
                         f"--jobs {args.jobs}", *([f"--above {args.above:g}"] if args.above is not None else [])])
         args.out.write_text(f"Each seed's base model, made and evaluated without a loop (`{cmd}`), {threads} CPU "
-                            f"thread{'s' if threads > 1 else ''} a process, as `flows.experiments --plain --jobs {args.jobs}` "
+                            f"thread{'s' if threads > 1 else ''} a process, as `runners.experiments --plain --jobs {args.jobs}` "
                             "makes a loop's it0 on the same machine: the tiny model's figures depend on the thread count.\n\n"
                             + text)
     print(text, end="")

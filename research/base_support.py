@@ -28,7 +28,7 @@ import yaml
 from self_improve import artifacts as art
 from self_improve import recipes
 from self_improve.choice import SUPPORT_FACTOR, recommend, signals, vetoes
-from self_improve.cli import derive_seed
+from self_improve.stage import derive_seed
 from self_improve.config import parse_params
 from self_improve.engines.sampler import open_sampler
 from self_improve.errors import PipelineError

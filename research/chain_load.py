@@ -3,7 +3,7 @@ model directory's size of a LoRA chain of 1 .. 6 adapters on SmolLM2-135M-Instru
 
     python -m research.chain_load WORKSPACE --out research/results/chain_load.json
 
-WORKSPACE is a finished real-model loop (flows/plain.py's, with data/it0/model the base record and
+WORKSPACE is a finished real-model loop (runners/plain.py's, with data/it0/model the base record and
 data/it1..it3/model its trained chains). Chains of 4-6 adapters are made from it3's by adding
 adapters of the same shape (LoRA on every linear layer, the loop's `train.lora`) with random
 weights: merging costs the same whatever the values. Each load runs in a fresh process, as a stage

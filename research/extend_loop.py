@@ -13,7 +13,7 @@ params.yaml, the recipes, the judge, the `-S` overrides, the seed), checks that 
 iterations' params are the ones they ran with (every key the two params.yaml differ in must be one the
 finished stages do not read: `loop`, `stop`), writes each finished iteration's `history.json` (the
 metrics evaluate kept, as today's evaluate would have written them) and runs only the new
-iterations' stages and the report (flows/plain.py `--only`). The result is kept as real_loops keeps
+iterations' stages and the report (runners/plain.py `--only`). The result is kept as real_loops keeps
 it, with `extended_from` and the finished run's wall time beside the new one.
 """
 
@@ -29,12 +29,12 @@ from pathlib import Path
 
 import yaml
 
-from flows import plain
-from flows.dag import stage_order
-from flows.experiments import ROOT, keep_result, params_diff, write_reports
+from runners import plain
+from runners.dag import stage_order
+from runners.experiments import ROOT, keep_result, params_diff, write_reports
 from research.real_loops import judge_overrides
 from self_improve import recipes
-from self_improve.comparison import set_by
+from runners.comparison import set_by
 from self_improve.stopping import STOPPED
 
 LATER_KEYS = ("loop", "stop")  # what a longer run may change: read only by later iterations' stages

@@ -32,7 +32,7 @@ import yaml
 
 from self_improve import artifacts as art
 from self_improve import recipes
-from self_improve.cli import derive_seed
+from self_improve.stage import derive_seed
 from self_improve.config import (
     FrozenJudge,
     JudgeConfig,

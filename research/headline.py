@@ -6,7 +6,7 @@
 Each table has at most six rows: the base model (it0), the floor (the best policy that reads only
 the question), the best label-free arm, a control arm and gold labels, each at its last iteration.
 Accuracy is on the held-out problems, mean +- sd over seeds. "Over the bar" is the gain over
-max(it0, floor) per seed (self_improve/arms.py `counted_gain`), mean +- sd, and how many seeds clear
+max(it0, floor) per seed (runners/arms.py `counted_gain`), mean +- sd, and how many seeds clear
 it by a paired 95% interval (low end above 0). The tables sit between `<!-- headline:NAME -->` and
 `<!-- /headline:NAME -->` in README.md; tests/test_docs.py runs `--check`.
 """
@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from self_improve.arms import ALL, counted_gain, last_iteration, load
+from runners.arms import ALL, counted_gain, last_iteration, load
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

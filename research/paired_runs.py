@@ -4,7 +4,7 @@ iteration both evaluated, and the difference with a paired bootstrap 95% interva
     python -m research.paired_runs research/results/smollm2_v2/<run A> research/results/smollm2_v2/<run B>
     python -m research.paired_runs A B --set ttt --iteration it3 --out reports/some_comparison.md
 
-A and B are report directories of kept runs (`flows.experiments.keep_report` writes answers.parquet
+A and B are report directories of kept runs (`runners.experiments.keep_report` writes answers.parquet
 there; runs kept before it have none and are refused as not found). Runs of one seed answer the same held-out and test-time problems, so what the two share (a
 problem's difficulty) cancels and the interval is far narrower than two runs' separate ones. Runs
 whose problems differ (another seed, another recipe) are refused, naming the first problem that
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from flows.experiments import ANSWERS
+from runners.experiments import ANSWERS
 from self_improve import artifacts as art
 from self_improve.quality import paired_gain
 

@@ -12,7 +12,7 @@ and its summary, figures and answers to `<out>/<judge>-s<seed>/`. A judge is a r
 (`scpo`, `self_harmony+validity_any`, the control arms), the same overrides the diagnosis
 (research/gap.py) measured, or a bare `judge.method` (`llm_judge:<mode>`). Experiment refs and DVC
 caches do not travel with a clone; these files do. It rebuilds `<out>/table.md`, `accuracy.png`,
-`categories.md` and `controls.md` (flows/experiments.py): accuracy per iteration as mean +- sd over the
+`categories.md` and `controls.md` (runners/experiments.py): accuracy per iteration as mean +- sd over the
 seeds that finished, the gain it0 -> last, per category against the floor and the control arms. A
 finished result is not run again unless --force. With SELF_IMPROVE_TIMINGS set, the stages' own
 timings are recorded beside each result, with the loop's wall time, for the orchestration share
@@ -28,8 +28,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from flows.plain import threads_per_job
-from flows.experiments import ROOT, run_experiment, run_plain, write_reports
+from runners.plain import threads_per_job
+from runners.experiments import ROOT, run_experiment, run_plain, write_reports
 from self_improve import recipes
 
 def recipe(names: str | list[str]) -> list[str]:
@@ -46,7 +46,7 @@ def judge_overrides(judge: str) -> list[str]:
 
 def run_one(judge: str, seed: int, force: bool, recipe_name: str | list[str] = "smollm2-v3", *, out: Path,
             sets: list[str] = (), tag: str = "", plain: Path | None = None, threads: int | None = None) -> Path | None:
-    """One (judge, seed): a DVC experiment, or with `plain` the same stages without DVC (flows/plain.py)
+    """One (judge, seed): a DVC experiment, or with `plain` the same stages without DVC (runners/plain.py)
     in `plain`/<name>. `sets`: more `key=value` overrides after the judge's; `tag` prefixes the name."""
     OUT = out
     stem = (f"{tag}-" if tag else "") + f"{judge.replace(':', '-').replace('+', '-')}-s{seed}"
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tag", default="", help="a prefix of every result's name (e.g. nft with -S train.algorithm=nft)")
     ap.add_argument("--out", type=Path, required=True, help="where results go (e.g. research/results/smollm2_v3)")
     ap.add_argument("--plain", type=Path, default=None, metavar="DIR",
-                    help="run the stages without DVC, each loop in DIR/<name> (flows/plain.py): a machine without DVC")
+                    help="run the stages without DVC, each loop in DIR/<name> (runners/plain.py): a machine without DVC")
     ap.add_argument("--jobs", type=int, default=1, help="with --plain: loops at once (one process each)")
     ap.add_argument("--force", action="store_true", help="run again even if a result exists")
     ap.add_argument("--table", action="store_true", help="only rebuild the table")

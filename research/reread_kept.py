@@ -25,7 +25,7 @@ import yaml
 
 from research.sum_share import question_sums
 from self_improve import artifacts as art
-from self_improve.cli import derive_seed
+from self_improve.stage import derive_seed
 from self_improve.config import TaskConfig
 from self_improve.floors import floor_metrics, floor_table
 from self_improve.tasks import task_for
@@ -35,7 +35,7 @@ V2_COMMIT = "37fe24b"
 SEEDS = (0, 1, 2)
 DUMP = """
 import sys, yaml
-from self_improve.cli import derive_seed
+from self_improve.stage import derive_seed
 from self_improve.config import TaskConfig
 from self_improve.tasks import task_for
 task = task_for(TaskConfig(**yaml.safe_load(open('configs/recipes/smollm2-v2.yaml'))['task']))

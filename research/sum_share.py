@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from self_improve.cli import derive_seed
+from self_improve.stage import derive_seed
 from self_improve.config import TaskConfig
 from self_improve.floors import policy_answers
 from self_improve.tasks import task_for

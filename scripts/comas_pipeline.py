@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from flows.dag import install_comas
+from runners.dag import install_comas
 
 
 def main(argv: list[str] | None = None) -> None:

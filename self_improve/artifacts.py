@@ -119,7 +119,7 @@ EVAL = pa.schema(  # evaluate: each problem's greedy answer, so two iterations c
     ]
 )
 
-# A kept run's answers (flows/experiments.py keep_answers: every iteration's EVAL rows in one file under
+# A kept run's answers (runners/experiments.py keep_answers: every iteration's EVAL rows in one file under
 # reports/): EVAL whole, response texts and categories included, so that a claim can be re-read
 # problem by problem after the workspace is gone.
 KEPT_EVAL = EVAL

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from self_improve.cli import derive_seed
+from self_improve.stage import derive_seed
 from self_improve.config import Params
 from self_improve.models.base import resolve_base
 from self_improve.models.loading import (

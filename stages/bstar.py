@@ -10,7 +10,7 @@ import argparse
 
 from self_improve import artifacts as art
 from self_improve.bstar import off, sweep
-from self_improve.cli import derive_seed, run_stage, stage_provenance
+from self_improve.stage import derive_seed, run_stage, stage_provenance
 from self_improve.config import Params
 
 # the params keys this stage reads: dvc.yaml's params for it, and its provenance

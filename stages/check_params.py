@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 
 from self_improve import artifacts as art
-from self_improve.cli import derive_seed, run_stage
+from self_improve.stage import derive_seed, run_stage
 from self_improve.config import Params
 from self_improve.tasks import task_for
 

@@ -10,7 +10,7 @@ import argparse
 from self_improve import artifacts as art
 from self_improve.agents.discussion import TRANSCRIPTS, Problem, agent_metrics, discuss
 from self_improve.agents.roster import agent_model, problems
-from self_improve.cli import derive_seed, run_stage, stage_provenance
+from self_improve.stage import derive_seed, run_stage, stage_provenance
 from self_improve.config import Params
 from self_improve.engines.hf import SamplingSpec
 from self_improve.engines.sampler import open_sampler

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from self_improve import artifacts as art
 from self_improve.agents.roster import agent_model
-from self_improve.cli import derive_seed, run_stage, stage_provenance
+from self_improve.stage import derive_seed, run_stage, stage_provenance
 from self_improve.config import Params
 from self_improve.engines.sampler import open_sampler
 from self_improve.evaluation import gains, model_metrics

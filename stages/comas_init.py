@@ -14,7 +14,7 @@ from pathlib import Path
 
 from self_improve.agents.roster import write_start
 from self_improve.chat import ChatFormat
-from self_improve.cli import run_stage, stage_provenance
+from self_improve.stage import run_stage, stage_provenance
 from self_improve.config import ConfigError, Params
 from self_improve.models.base import base_location, read_record
 

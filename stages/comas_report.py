@@ -11,7 +11,7 @@ from pathlib import Path
 
 from self_improve import artifacts as art
 from self_improve.agents.report import summary_frame, summary_markdown
-from self_improve.cli import run_stage
+from self_improve.stage import run_stage
 from self_improve.config import Params, flatten
 from self_improve.tracking import IterationRecord, LoopRecord, make_tracker, run_identity
 

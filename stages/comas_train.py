@@ -14,7 +14,7 @@ import pandas as pd
 from self_improve import artifacts as art
 from self_improve.agents.discussion import TRANSCRIPTS, buffer
 from self_improve.agents.roster import agent_dir, agent_model
-from self_improve.cli import derive_seed, run_stage, stage_provenance
+from self_improve.stage import derive_seed, run_stage, stage_provenance
 from self_improve.config import ConfigError, Params
 from self_improve.models.loading import load_model, save_adapter_chain, set_threads
 from self_improve.training.iteration import train

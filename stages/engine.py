@@ -16,7 +16,7 @@ import json
 import logging
 
 from self_improve import artifacts as art
-from self_improve.cli import run_stage, stage_provenance
+from self_improve.stage import run_stage, stage_provenance
 from self_improve.config import Params
 from self_improve.engines.engine import prepare
 

@@ -11,7 +11,7 @@ import pandas as pd
 
 from self_improve import artifacts as art
 from self_improve import choice
-from self_improve.cli import derive_seed, note_timing, run_stage, stage_provenance
+from self_improve.stage import derive_seed, note_timing, run_stage, stage_provenance
 from self_improve.config import (
     ConfigError,
     FrozenJudge,

@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from self_improve import artifacts as art
-from self_improve.cli import derive_seed, run_stage, stage_provenance
+from self_improve.stage import derive_seed, run_stage, stage_provenance
 from self_improve.config import EvolveStrategy, Params
 from self_improve.curriculum import BanditState
 from self_improve.evolution import model_writer, next_curriculum

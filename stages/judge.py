@@ -13,7 +13,7 @@ import argparse
 import logging
 
 from self_improve import artifacts as art
-from self_improve.cli import derive_seed, run_stage, stage_provenance
+from self_improve.stage import derive_seed, run_stage, stage_provenance
 from self_improve.config import Params
 from self_improve.judges import ModelHandle, context, judge_quality, judge_samples, needs
 from self_improve.tasks import task_for

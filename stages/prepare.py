@@ -8,7 +8,7 @@ import argparse
 import logging
 
 from self_improve import artifacts as art
-from self_improve.cli import run_stage, stage_provenance
+from self_improve.stage import run_stage, stage_provenance
 from self_improve.config import Params
 from self_improve.curriculum import initial_state
 from self_improve.models.loading import (

@@ -14,7 +14,7 @@ import pandas as pd
 
 from self_improve import artifacts as art
 from self_improve.choice import recommend
-from self_improve.cli import note_timing, run_stage
+from self_improve.stage import note_timing, run_stage
 from self_improve.config import ConfigError, Params, flatten
 from self_improve.errors import PipelineError
 from self_improve.iterations import history, load_iterations

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from self_improve import artifacts as art
-from self_improve.cli import derive_seed, run_stage, stage_provenance
+from self_improve.stage import derive_seed, run_stage, stage_provenance
 from self_improve.config import Params
 from self_improve.engines.sampler import open_sampler
 from self_improve.models.loading import set_threads

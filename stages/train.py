@@ -9,7 +9,7 @@ import logging
 import sys
 
 from self_improve import artifacts as art
-from self_improve.cli import derive_seed, note_timing, run_stage, stage_provenance
+from self_improve.stage import derive_seed, note_timing, run_stage, stage_provenance
 from self_improve.config import Params
 from self_improve.distributed import make_accelerator, relaunch
 from self_improve.models.loading import (

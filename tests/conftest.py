@@ -164,14 +164,14 @@ def stage_modules() -> dict:
 
 def stage_commands() -> list[list[str]]:
     """The stage commands of dvc.yaml, in DAG order, with `foreach` unrolled."""
-    from flows.dag import stage_commands as dag_commands
+    from runners.dag import stage_commands as dag_commands
 
     return [argv for _, argv in dag_commands(ROOT)]
 
 
 def stage_argv(name: str) -> list[str]:
     """One stage's arguments as dvc.yaml gives them (after `python -m stages.<module>`)."""
-    from flows.dag import stage_commands as dag_commands
+    from runners.dag import stage_commands as dag_commands
 
     return next(argv[3:] for stage, argv in dag_commands(ROOT) if stage == name)
 

@@ -1,4 +1,4 @@
-"""The per-category and control-arm tables of kept loops (self_improve/arms.py), on kept results whose
+"""The per-category and control-arm tables of kept loops (runners/arms.py), on kept results whose
 figures are known."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pandas as pd
 import pytest
 
-from self_improve import arms
+from runners import arms
 from self_improve import artifacts as art
 
 pytestmark = pytest.mark.unit

@@ -175,7 +175,7 @@ def test_a_bad_agents_section_is_refused_naming_its_key(over, key):
 # --- the stages, in-process on the BPE chat model ------------------------------------------------
 
 def _comas_run(work, params, monkeypatch):
-    from flows.dag import comas_commands
+    from runners.dag import comas_commands
 
     modules = stage_modules()
     from stages import comas_discuss, comas_evaluate, comas_init, comas_report, comas_train

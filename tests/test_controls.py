@@ -159,7 +159,7 @@ def test_the_summary_names_the_rule_not_only_its_method():
     assert judge_name(gated) == "vote_share+min_share=0.5+low_consensus=penalise"
     assert judge_name(JudgeConfig(method="random")) != judge_name(JudgeConfig(method="format"))
     # a stage reads params through its declared view: the report declares the whole judge section
-    from self_improve.cli import Declared
+    from self_improve.stage import Declared
     from self_improve.config import load_params
     from stages.report import PARAMS
 

@@ -105,7 +105,7 @@ def test_each_stage_declares_the_params_dvc_yaml_gives_it():
 def test_a_stage_that_reads_an_undeclared_key_stops_naming_it(tmp_path, capsys):
     """A stage sees only its declared keys: reading another one stops it (exit 2) with the key named,
     and its provenance records exactly the declared keys."""
-    from self_improve.cli import run_stage, stage_provenance
+    from self_improve.stage import run_stage, stage_provenance
     from self_improve.config import SampleConfig
 
     from .conftest import tiny_full

@@ -382,7 +382,7 @@ def test_a_six_iteration_recipe_runs_through_dvc_and_stops_early(tmp_path):
     work = tmp_path / "repo"
     env = _env(work)
     git_copy(work, PARAMS, env)  # it1 and it2: the recipe's own keys add it3's link too
-    run = [sys.executable, "-m", "flows.cli", "exp", "long", "-S", "loop.it3.prev=it2", "-S", "loop.it3.ref=it1",
+    run = [sys.executable, "-m", "runners.console", "exp", "long", "-S", "loop.it3.prev=it2", "-S", "loop.it3.ref=it1",
            "-S", "stop.patience=1", "-n", "long"]  # `self-improve exp`: dvc exp run with the recipe's -S
     args = sh(run + ["--dry-run"], work, env).split()
     assert "++loop.it6.prev=it5" in args and "++loop.it3.prev=it2" in args
@@ -738,7 +738,7 @@ def test_a_team_mlflow_server_lets_in_only_the_team(repo, tmp_path):
 def test_comas_on_a_model_without_a_chat_template_or_with_bad_agents_loses_nothing(repo, tmp_path):
     """`dvc repro comas/dvc.yaml` on the tiny default (no chat template) stops at comas_init naming
     model.base; a bad agents value stops at check_params naming it; every output keeps its bytes."""
-    from flows.dag import install_comas
+    from runners.dag import install_comas
 
     work = tmp_path / "ws"  # a copy: the installed pipeline stays out of the shared workspace
     shutil.copytree(repo[0], work, symlinks=True)

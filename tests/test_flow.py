@@ -121,7 +121,7 @@ def test_the_comas_flow_runs_its_stages_with_an_override_as_an_experiment(tmp_pa
     """CoMAS's flow: the loop's base stages and comas/dvc.yaml's, each a task, in a worktree (an
     override given) that ends as a DVC experiment; the working copy is untouched."""
     from flows.comas import self_improve_comas
-    from flows.dag import comas_order
+    from runners.dag import comas_order
 
     from .conftest import deep_merge
 

@@ -23,15 +23,71 @@ def _imported_modules(path: Path) -> set[str]:
     return out
 
 
-def test_the_library_never_imports_stages_flows_scripts_or_benchmarks():
+def test_the_library_never_imports_stages_flows_runners_scripts_or_benchmarks():
     for path in (ROOT / "self_improve").rglob("*.py"):
-        users = {m for m in _imported_modules(path) if m.split(".")[0] in ("stages", "flows", "scripts", "benchmarks")}
+        users = {m for m in _imported_modules(path)
+                 if m.split(".")[0] in ("stages", "flows", "runners", "scripts", "benchmarks")}
         assert not users, f"{path.relative_to(ROOT)} imports {sorted(users)}"
 
 
+# each package of the product may import only those before it: no import upward
+LAYERS = ("self_improve", "stages", "runners", "flows")
+
+
+def test_no_import_upward_and_no_import_cycle():
+    """self_improve/ (the library) < stages/ (one DVC stage each) < runners/ (the stages without Prefect,
+    variants over seeds, the console script) < flows/ (Prefect only). A module imports nothing of a
+    later layer, and the modules of the product import each other without a cycle."""
+    graph: dict[str, set[str]] = {}
+    for layer in LAYERS:
+        for path in (ROOT / layer).rglob("*.py"):
+            rel = path.relative_to(ROOT).with_suffix("")
+            name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+            mods = _imported_modules(path) | {f"{name.rsplit('.', 1)[0]}.{m}" for m in _relative(path)}
+            graph[name] = {m for m in mods if m.split(".")[0] in LAYERS}
+            later = {m for m in graph[name] if LAYERS.index(m.split(".")[0]) > LAYERS.index(layer)}
+            assert not later, f"{path.relative_to(ROOT)} imports {sorted(later)}, of a later layer"
+    known = set(graph)
+
+    def target(m: str) -> str | None:  # a module, or the package whose __init__ it names
+        while m and m not in known:
+            m = m.rpartition(".")[0]
+        return m or None
+
+    edges = {a: {t for m in ms if (t := target(m)) and t != a} for a, ms in graph.items()}
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(path[path.index(nxt):] + [node, nxt]
+                                                                    if nxt in path else path + [node, nxt]))
+            if nxt not in state:
+                visit(nxt, path + [node])
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [])
+
+
+def _relative(path: Path) -> set[str]:
+    """The modules a file imports relatively (`from .loop import x`: `loop`)."""
+    return {node.module for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module}
+
+
+def test_flows_holds_the_prefect_flows_only():
+    """Every module of flows/ is a Prefect flow or its serving and deploying: it imports prefect."""
+    for path in (ROOT / "flows").glob("*.py"):
+        if path.name != "__init__.py":
+            assert any(m.split(".")[0] == "prefect" for m in _imported_modules(path)), path.name
+
+
 def test_nothing_in_the_product_imports_research():
-    """research/ holds analyses and kept runs: self_improve/, stages/ and flows/ never lean on it."""
-    for folder in ("self_improve", "stages", "flows"):
+    """research/ holds analyses and kept runs: self_improve/, stages/, runners/ and flows/ never lean on it."""
+    for folder in ("self_improve", "stages", "runners", "flows"):
         for path in (ROOT / folder).rglob("*.py"):
             found = {m for m in _imported_modules(path) if m.split(".")[0] == "research"}
             assert not found, f"{path.relative_to(ROOT)} imports {sorted(found)}"
@@ -45,19 +101,19 @@ def test_scripts_holds_build_tools_only():
 
 
 def test_the_console_script_reaches_every_runner():
-    from flows.cli import COMMANDS, usage
+    from runners.console import COMMANDS, usage
 
-    out = subprocess.run([sys.executable, "-m", "flows.cli", "--help"], cwd=ROOT, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "runners.console", "--help"], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == usage().strip()
     for name, (module, _) in COMMANDS.items():
-        assert name in out and module.split(".")[0] in ("flows", "self_improve"), name
-    bad = subprocess.run([sys.executable, "-m", "flows.cli", "nope"], cwd=ROOT, capture_output=True, text=True)
+        assert name in out and module.split(".")[0] in ("flows", "runners", "self_improve"), name
+    bad = subprocess.run([sys.executable, "-m", "runners.console", "nope"], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode != 0 and "unknown command 'nope'" in bad.stderr
 
 
 def test_flows_scripts_and_benchmarks_use_the_library_not_the_stages_internals():
-    for folder in ("flows", "scripts", "benchmarks"):
+    for folder in ("flows", "runners", "scripts", "benchmarks"):
         for path in (ROOT / folder).rglob("*.py"):
             text = path.read_text()
             assert "stages.lib" not in text, path

@@ -1,5 +1,5 @@
 """Two kept runs set against each other problem by problem (research/paired_runs.py), and the answers
-a kept run carries for it (flows/experiments.py keep_answers)."""
+a kept run carries for it (runners/experiments.py keep_answers)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from research import paired_runs
-from flows.experiments import ROOT, keep_answers
+from runners.experiments import ROOT, keep_answers
 from self_improve import artifacts as art
 from self_improve.quality import paired_gain
 

@@ -1,4 +1,4 @@
-"""The loop without DVC (flows/plain.py, `--plain` of flows.experiments / research.real_loops): the same
+"""The loop without DVC (runners/plain.py, `--plain` of runners.experiments / research.real_loops): the same
 stages in the same order give the same figures as the in-process loop, kept as a result file."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import shutil
 import pytest
 import yaml
 
-from flows import plain
+from runners import plain
 from research import base_screen
-from flows.experiments import run_plain
+from runners.experiments import run_plain
 from self_improve import artifacts as art
 from self_improve import choice
 

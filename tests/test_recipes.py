@@ -195,7 +195,7 @@ def test_exp_hands_dvc_each_value_as_one_argument_and_names_what_is_missing(tmp_
     """`self-improve exp` runs `dvc exp run` without a shell: the instruction's spaces stay in one
     argument (the shell's `$(self-improve recipe ...)` splits it), and a missing SmolLM2 is named with
     the command that fetches it before DVC starts anything."""
-    from flows import cli
+    from runners import console as cli
 
     monkeypatch.chdir(ROOT)
     cli.main(["exp", "smollm2-gym", "scpo", "-S", "seed=1", "-n", "gym-s1", "--dry-run", "--", "--temp"])

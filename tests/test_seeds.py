@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from flows.experiments import ROOT, load_variants
-from self_improve.comparison import choices, mean_sd, table
+from runners.experiments import ROOT, load_variants
+from runners.comparison import choices, mean_sd, table
 from self_improve.config import ConfigError, parse_params
 
 
@@ -76,7 +76,7 @@ def test_choices_list_each_iterations_temperature_and_threshold_where_bstar_chos
 
 
 def test_comparison_pairs_seeds_and_bolds_only_a_difference_beyond_noise():
-    from self_improve.comparison import beyond_noise, comparison
+    from runners.comparison import beyond_noise, comparison
 
     def run(seed: int, a0: float, a1: float) -> dict:
         return {"seed": seed, "overrides": ["train.algorithm=dpo"],
@@ -94,7 +94,7 @@ def test_comparison_pairs_seeds_and_bolds_only_a_difference_beyond_noise():
 
 
 def test_a_judge_table_without_a_default_is_set_against_the_oracle():
-    from self_improve.comparison import baseline, comparison
+    from runners.comparison import baseline, comparison
 
     def run(seed: int, a1: float) -> dict:
         return {"seed": seed, "metrics": {"it0": {"accuracy": 0.2, "ttt_accuracy": 0.2},
@@ -112,7 +112,7 @@ def test_a_judge_table_without_a_default_is_set_against_the_oracle():
 def test_a_tagged_run_of_a_judge_is_a_variant_of_its_own(tmp_path):
     import json
 
-    from self_improve.comparison import load_results
+    from runners.comparison import load_results
 
     def keep(name: str, seed: int, **extra) -> None:
         (tmp_path / f"{name}.json").write_text(json.dumps(
@@ -129,14 +129,14 @@ def test_a_tagged_run_of_a_judge_is_a_variant_of_its_own(tmp_path):
 def test_plain_runs_every_variant_and_seed_in_parallel_workspaces(tmp_path, monkeypatch):
     """--plain --jobs: each (variant, seed) goes to run_plain (tests/test_plain.py runs it for real)
     in its own workspace with the CPU threads split between the jobs; --jobs without --plain is refused."""
-    from flows import experiments as seeds
+    from runners import experiments as seeds
 
     variants = tmp_path / "v.yaml"
     variants.write_text("default: []\ndpo: [train.algorithm=dpo]\n")
     calls = []
     monkeypatch.setattr(seeds, "run_plain", lambda name, args, dest, **kw: calls.append((name, args, dest, kw)))
     monkeypatch.setattr(seeds, "write_reports", lambda out: "")
-    monkeypatch.setattr(seeds.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(seeds.plain, "usable_cpus", lambda: 16)
     seeds.main(["--variants", str(variants), "--seeds", "0", "1", "--plain", str(tmp_path / "w"), "--jobs", "4",
                 "--out", str(tmp_path / "out")])
     assert sorted(c[0] for c in calls) == ["default-s0", "default-s1", "dpo-s0", "dpo-s1"]
@@ -149,7 +149,7 @@ def test_plain_runs_every_variant_and_seed_in_parallel_workspaces(tmp_path, monk
 
 
 def test_variants_are_plotted_by_family_with_the_default_in_each():
-    from self_improve.comparison import families
+    from runners.comparison import families
 
     assert families(["default", "judge-a", "judge-b", "algo-dpo"]) == {
         "judge": ["default", "judge-a", "judge-b"], "algo": ["default", "algo-dpo"]}
@@ -184,8 +184,8 @@ def test_each_experiment_runs_on_heads_params_and_records_what_differed(tmp_path
     import json
     import shutil
 
-    from flows.experiments import run_experiment
-    from self_improve.comparison import unexpected_params
+    from runners.experiments import run_experiment
+    from runners.comparison import unexpected_params
 
     if shutil.which("dvc") is None:
         pytest.skip("needs dvc")
@@ -210,7 +210,7 @@ def test_each_experiment_runs_on_heads_params_and_records_what_differed(tmp_path
 def test_a_second_runner_in_the_same_workspace_is_refused(tmp_path):
     import fcntl
 
-    from flows.experiments import hold_runner_lock
+    from runners.experiments import hold_runner_lock
 
     (tmp_path / ".dvc" / "tmp").mkdir(parents=True)
     with (tmp_path / ".dvc" / "tmp" / "seeds.lock").open("a") as other:
@@ -225,7 +225,7 @@ def test_a_kept_result_carries_every_signal_the_label_free_choice_reads(tmp_path
     when keeping (the restate share was, once) silently removes its veto from every check."""
     import json
 
-    from flows.experiments import keep_result
+    from runners.experiments import keep_result
     from self_improve.choice import recommend
 
     work = tmp_path / "work"
@@ -256,7 +256,7 @@ def test_a_kept_result_without_a_report_keeps_its_answers_beside_it(tmp_path):
     label-free signals can be replayed on tiny runs too (research/paired_runs.py reads the file)."""
     import json
 
-    from flows.experiments import keep_result
+    from runners.experiments import keep_result
     from self_improve import artifacts as art
 
     work = tmp_path / "work"
@@ -280,7 +280,7 @@ def test_a_result_whose_answers_cannot_be_kept_is_not_kept(tmp_path):
 
     import pytest
 
-    from flows.experiments import keep_result
+    from runners.experiments import keep_result
 
     work = tmp_path / "work"
     for it in ("it0", "it1", "it2", "it3"):
@@ -300,7 +300,7 @@ def test_a_kept_result_carries_accuracy_per_category(tmp_path):
     shortcut floors and the training mix; the stage's own timings are not kept."""
     import json
 
-    from flows.experiments import keep_result
+    from runners.experiments import keep_result
 
     work = tmp_path / "work"
     (work / "reports" / "figures").mkdir(parents=True)
@@ -328,7 +328,7 @@ def test_a_kept_report_carries_each_iterations_training_metrics(tmp_path):
     metrics: the report directory keeps them per iteration, where the docs read them."""
     import json
 
-    from flows.experiments import keep_report
+    from runners.experiments import keep_report
 
     work = tmp_path / "work"
     (work / "reports" / "figures").mkdir(parents=True)
@@ -347,7 +347,7 @@ def test_a_kept_report_carries_each_iterations_training_metrics(tmp_path):
 def test_a_setup_and_a_rule_run_over_seeds_by_name(tmp_path, monkeypatch):
     """--recipe smollm2-gym scpo: every run gets the recipes' overrides, then its own, then its seed, and
     keeps them in its result; an unknown recipe is refused before anything runs."""
-    from flows import experiments as seeds
+    from runners import experiments as seeds
     from self_improve import recipes
 
     calls = []

@@ -153,7 +153,7 @@ def test_a_loop_iteration_samples_through_a_vllm_server(tmp_path, monkeypatch):
 def test_comas_iteration_on_smollm2(tmp_path, monkeypatch):
     """CoMAS on the real chat model: two agents discuss (solve, evaluate, score), each is trained on its
     own rewards as its own adapter, and each is evaluated against it0; every stage CoMAS's DAG runs."""
-    from flows.dag import COMAS_TEMPLATE, comas_commands
+    from runners.dag import COMAS_TEMPLATE, comas_commands
     from self_improve.agents.discussion import TRANSCRIPTS
     from self_improve.models.loading import read_chain
 

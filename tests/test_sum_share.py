@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from research import sum_share
-from self_improve.cli import derive_seed
+from self_improve.stage import derive_seed
 from self_improve.config import TaskConfig
 from self_improve.tasks import task_for
 

@@ -9,7 +9,7 @@ import json
 import pytest
 import yaml
 
-from flows.dag import stage_commands
+from runners.dag import stage_commands
 
 from .conftest import ROOT, stage_modules
 

@@ -84,7 +84,7 @@ def test_a_worker_runs_the_deployed_loop_with_an_override(tmp_path):
         assert run.state.type.value == "COMPLETED", (run.state, worker_log.read_text()[-3000:])
         assert run.work_pool_name == "team-cpu" and run.parameters["samples_per_prompt"] == 3
         assert str(run.id) in worker_log.read_text()  # that worker picked it up, in its own process
-        from flows.dag import stage_order
+        from runners.dag import stage_order
 
         stages = stage_order(ws)
         names = sorted(r.name for r in task_runs)

@@ -13,7 +13,7 @@ import pandas as pd
 import pyarrow as pa
 
 from self_improve import templates
-from self_improve.cli import derive_seed
+from self_improve.stage import derive_seed
 from self_improve.config import AgentsConfig
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from self_improve.cli import run_stage, stage_provenance
+from self_improve.stage import run_stage, stage_provenance
 from self_improve.config import Params
 from self_improve.errors import ConfigError
 

@@ -1,11 +1,11 @@
 """A variant of the loop over several seeds, as DVC experiments, reported as mean +- sd.
 
-    python -m flows.experiments --name default --seeds 0 1 2
-    python -m flows.experiments --name dpo --seeds 0 1 2 -S train.algorithm=dpo
-    python -m flows.experiments --variants configs/variants.yaml --seeds 0 1 2   # every README comparison
-    python -m flows.experiments --table          # only rebuild the table and plot from kept results
-    python -m flows.experiments --variants configs/variants.yaml --plain /tmp/seeds --jobs 8   # without DVC
-    python -m flows.experiments --recipe smollm2-gym scpo --name scpo --out DIR   # a setup and a rule
+    python -m runners.experiments --name default --seeds 0 1 2
+    python -m runners.experiments --name dpo --seeds 0 1 2 -S train.algorithm=dpo
+    python -m runners.experiments --variants configs/variants.yaml --seeds 0 1 2   # every README comparison
+    python -m runners.experiments --table          # only rebuild the table and plot from kept results
+    python -m runners.experiments --variants configs/variants.yaml --plain /tmp/seeds --jobs 8   # without DVC
+    python -m runners.experiments --recipe smollm2-gym scpo --name scpo --out DIR   # a setup and a rule
 
 One run cannot tell two variants apart: the same seed trains a different tiny base model on another
 CPU (floating point), and every later figure inherits the difference. Each (variant, seed) runs
@@ -39,11 +39,12 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from flows import plain
-from self_improve import arms, recipes
+from runners import plain
+from runners import arms
+from self_improve import recipes
 from self_improve import artifacts as art
 from self_improve.choice import SIGNALS
-from self_improve.comparison import baseline, choices, comparison, load_results, plot, set_by, table
+from runners.comparison import baseline, choices, comparison, load_results, plot, set_by, table
 from self_improve.errors import ConfigError
 from self_improve.recipes import flatten
 
@@ -221,7 +222,7 @@ def keep_result(name: str, args: list[str], dest: Path, work: Path, *, ran: str,
 def run_plain(name: str, args: list[str], dest: Path, *, workdir: Path, force: bool = False, root: Path = ROOT,
               extra: dict | None = None, timings: Path | None = None, report_dir: Path | None = None,
               threads: int | None = None) -> Path | None:
-    """The same run as run_experiment without DVC (flows/plain.py): `workdir`/`name` made fresh with
+    """The same run as run_experiment without DVC (runners/plain.py): `workdir`/`name` made fresh with
     the workspace's params.yaml plus the `-S` overrides of `args`, every stage run there in one
     process, the result kept the same way and marked `runner: plain`. For a machine without DVC;
     several may run at once (each in its own workspace, `threads` CPU threads each)."""
@@ -310,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--force", action="store_true", help="run again even if a result exists")
     ap.add_argument("--table", action="store_true", help="only rebuild the table and the plot")
     ap.add_argument("--plain", type=Path, default=None, metavar="DIR",
-                    help="run the stages without DVC, each run in DIR/<name>-s<seed> (flows/plain.py): a "
+                    help="run the stages without DVC, each run in DIR/<name>-s<seed> (runners/plain.py): a "
                          "machine without DVC")
     ap.add_argument("--jobs", type=int, default=1,
                     help="with --plain: runs at once (one process each, the CPU threads split between them)")

@@ -1,5 +1,5 @@
 """Variants of the loop compared over seeds, from their kept results (`<out>/<variant>/s<seed>.json`,
-as flows/experiments.py keeps them): the mean +- sd table at every iteration with the per-seed values
+as runners/experiments.py keeps them): the mean +- sd table at every iteration with the per-seed values
 (`table`), one row per variant against a baseline at the same seeds (`comparison`), the plot
 (`plot`) and the iteration each run's label-free choice picked (`choices`).
 

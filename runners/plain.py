@@ -1,13 +1,13 @@
 """The loop's stages without DVC: every stage of dvc.yaml, in order, in one process, in a workspace of its own.
 
-    python -m flows.plain WORKDIR     # WORKDIR holds dvc.yaml and params.yaml; every output lands there
-    python -m flows.plain WORKDIR --only check_params,prepare,engine_base,evaluate_base   # some stages
+    python -m runners.plain WORKDIR     # WORKDIR holds dvc.yaml and params.yaml; every output lands there
+    python -m runners.plain WORKDIR --only check_params,prepare,engine_base,evaluate_base   # some stages
 
 For a machine that has the project's Python packages but not DVC (a GPU host without a package
 index, say): no cache, no lock, every stage runs once. The stages and their arguments are the ones
-`dvc repro` runs (flows/dag.py reads them from dvc.yaml), so a result does not depend on the
+`dvc repro` runs (runners/dag.py reads them from dvc.yaml), so a result does not depend on the
 runner; what it loses is DVC's versioning and cache. `research.real_loops --plain DIR` makes one such
-workspace per (judge, seed) (flows/experiments.py's run_plain) and runs several at once (`--jobs`).
+workspace per (judge, seed) (runners/experiments.py's run_plain) and runs several at once (`--jobs`).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def threads_per_job(jobs: int) -> int:
 
 def launch(work: Path, *, threads: int | None = None, only: tuple[str, ...] | None = None,
            env: dict[str, str] | None = None) -> int:
-    """`python -m flows.plain WORK` (with `only`: `--only` those stages) in a process of its own, the
+    """`python -m runners.plain WORK` (with `only`: `--only` those stages) in a process of its own, the
     repository on its PYTHONPATH, MLflow tracking off, `threads` CPU threads, `env` on top; its output
     to `work`/run.log. Returns its exit code (`log_tail` says why it failed)."""
     run_env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
@@ -68,7 +68,7 @@ def launch(work: Path, *, threads: int | None = None, only: tuple[str, ...] | No
     if threads:
         run_env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     run_env |= env or {}
-    argv = [sys.executable, "-m", "flows.plain", str(work), *(["--only", ",".join(only)] if only else [])]
+    argv = [sys.executable, "-m", "runners.plain", str(work), *(["--only", ",".join(only)] if only else [])]
     with (work / "run.log").open("w") as log:
         return subprocess.run(argv, cwd=ROOT, env=run_env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
 
@@ -91,7 +91,7 @@ def run_stages(work: Path, only: tuple[str, ...] | None = None) -> None:
     a failing stage stops the run (its exception propagates: non-zero exit). With `only`, just those
     stages (names as `dvc repro` prints them, `train@it1`), still in DAG order: the caller names every
     stage whose outputs they read."""
-    from flows.dag import stage_commands
+    from runners.dag import stage_commands
 
     commands = stage_commands(work)
     if only is not None:
@@ -120,11 +120,11 @@ def main(argv: list[str] | None = None) -> None:
     if len(args) == 3 and args[1] == "--only":
         only, args = tuple(filter(None, args[2].split(","))), args[:1]
     if len(args) != 1 or only == ():
-        raise SystemExit("usage: python -m flows.plain WORKDIR [--only STAGE,STAGE,...]")
+        raise SystemExit("usage: python -m runners.plain WORKDIR [--only STAGE,STAGE,...]")
     work = Path(args[0]).resolve()
     for rel in ("dvc.yaml", "params.yaml"):
         if not (work / rel).is_file():
-            raise SystemExit(f"{work}: no {rel} (make the workspace with flows.plain.prepare_workspace)")
+            raise SystemExit(f"{work}: no {rel} (make the workspace with runners.plain.prepare_workspace)")
     run_stages(work, only)
 
 

@@ -20,12 +20,12 @@ import sys
 
 # subcommand -> (module with main(argv), what it does)
 COMMANDS = {
-    "seeds": ("flows.experiments", "a variant (or a file of variants) over seeds as DVC experiments, mean +- sd"),
-    "table": ("flows.experiments", "rebuild the seeds tables and plot from kept results (--out DIR)"),
-    "arms": ("self_improve.arms", "per-category and control-arm tables of a directory of kept results"),
+    "seeds": ("runners.experiments", "a variant (or a file of variants) over seeds as DVC experiments, mean +- sd"),
+    "table": ("runners.experiments", "rebuild the seeds tables and plot from kept results (--out DIR)"),
+    "arms": ("runners.arms", "per-category and control-arm tables of a directory of kept results"),
     "recipe": ("self_improve.recipes", "print recipes (configs/recipes/, configs/rules/) as -S arguments"),
     "exp": ("self_improve.recipes", "run recipes as one DVC experiment (dvc exp run with their -S arguments)"),
-    "plain": ("flows.plain", "run the loop's stages in a work directory without DVC"),
+    "plain": ("runners.plain", "run the loop's stages in a work directory without DVC"),
     "flow": ("flows.loop", "run the loop as a Prefect flow (one task per stage, DVC's cache)"),
     "deploy": ("flows.deploy", "deploy the loop to a Prefect work pool"),
     "serve": ("flows.serve", "serve the loop as a deployment for the Prefect UI"),
