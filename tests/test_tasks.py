@@ -141,6 +141,35 @@ def test_word_math_sets_are_disjoint_in_any_wording_and_balanced():
     assert (out["source"] == "fresh").sum() == 30 * 3
 
 
+def test_sec_steers_the_whole_mix_when_asked():
+    """sec_scope mix: the bandit allocates as many problems as the test-time set and the fresh ones
+    together; each category takes its test-time problems first and fresh draws for the rest, so a
+    category the curriculum favours fills the mix. sec_scope fresh keeps every test-time problem."""
+    from self_improve.curriculum import BanditState, allocate
+
+    cfg = TaskConfig(name="word_math", heldout_size=30, ttt_size=30, levels=["add", "sub", "mul"], max_number=30,
+                     max_factor=12)  # V3's ranges: enough distinct problems for every draw
+    task = task_for(cfg)
+    sets = task.sets(0, 30)
+    state = BanditState(q={"add": 0.0, "mul": 0.5, "sub": 0.1}, temperature=0.5)
+    base = dict(strategy="sec", fresh=12, rewrites=0)
+    whole = task.propose(ProposeInput(EvolveConfig(**base, sec_scope="mix"), "it1", 3, sets.ttt, sets.heldout,
+                                      art.empty_table(art.JUDGMENTS), curriculum=state))
+    fresh = task.propose(ProposeInput(EvolveConfig(**base), "it1", 3, sets.ttt, sets.heldout,
+                                      art.empty_table(art.JUDGMENTS), curriculum=state))
+    assert (fresh["source"] == "ttt").sum() == 30 and (fresh["source"] == "fresh").sum() == 12
+    assert len(whole) == 42  # the same budget
+    want = allocate(state, 42, random.Random(3))  # the same draw: the mix's allocation is the first use of the rng
+    got = whole["category"].value_counts().to_dict()
+    assert got == {c: n for c, n in want.items() if n}
+    ttt_by = sets.ttt["category"].value_counts().to_dict()
+    for cat, n in want.items():  # test-time problems first, fresh draws only past them
+        used = whole[(whole["category"] == cat) & (whole["source"] == "ttt")]
+        assert len(used) == min(n, ttt_by[cat]) and set(used["prompt"]) <= set(sets.ttt["prompt"])
+        assert (whole[whole["category"] == cat]["source"] == "fresh").sum() == max(0, n - ttt_by[cat])
+    assert got["mul"] > got["add"]  # the favoured category takes more of the mix
+
+
 def test_word_math_sets_are_stratified_by_level_and_a_level_that_runs_out_is_named():
     # one-step mul with numbers to 30 and factors to 5 has 116 distinct problems, fewer than a third of 512
     with pytest.raises(ConfigError, match="task.heldout_size: word_math level 'mul' ran out of distinct "

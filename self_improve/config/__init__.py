@@ -55,6 +55,7 @@ from self_improve.config.sampling import (  # noqa: F401 (re-exported)
     EvolveConfig,
     EvolveStrategy,
     SampleConfig,
+    SecScope,
     VllmConfig,
 )
 from self_improve.config.task import (  # noqa: F401 (re-exported)

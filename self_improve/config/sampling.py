@@ -18,6 +18,11 @@ class EvolveStrategy(str, enum.Enum):
     sec = "sec"  # Self-Evolving Curriculum: a bandit over prompt categories
 
 
+class SecScope(str, enum.Enum):
+    fresh = "fresh"  # the curriculum draws the fresh problems only
+    mix = "mix"  # it draws the whole mix: which test-time problems train, and the fresh ones
+
+
 class EvolveConfig(_Section):
     """Which prompts an iteration works on."""
 
@@ -33,6 +38,10 @@ class EvolveConfig(_Section):
     )
     sec_alpha: float = Field(0.5, gt=0, le=1, description="sec: TD(0) step size of the category values")
     sec_temperature: float = Field(0.2, gt=0, description="sec: softmax temperature over category values")
+    sec_scope: SecScope = Field(
+        SecScope.fresh, description="sec: what the curriculum steers: the `fresh` problems, or the whole `mix` "
+        "(as many problems as the test-time set and the fresh ones together, by category from the bandit: a "
+        "category's test-time problems first, fresh draws for the rest)")
 
 
 class Ct2ComputeType(str, enum.Enum):

@@ -15,7 +15,7 @@ from typing import Callable, Optional, Protocol
 import pandas as pd
 
 from self_improve import artifacts as art
-from self_improve.config import EvolveConfig, EvolveStrategy
+from self_improve.config import EvolveConfig, EvolveStrategy, SecScope
 from self_improve.curriculum import NO_CATEGORY, BanditState, allocate
 from self_improve.tasks.answers import Extracted
 
@@ -134,9 +134,15 @@ class ProceduralTask:
                 taken.add(p)
                 problems.append((group_id, source, p))
 
-        if cfg.include_ttt:
-            for gid, prompt in zip(inp.ttt["group_id"], inp.ttt["prompt"]):
-                take(gid, "ttt", self.parse(prompt))
+        sec = cfg.strategy == EvolveStrategy.sec
+        if sec and inp.curriculum is None:
+            raise ValueError("sec needs the curriculum state")
+        ttt = list(zip(inp.ttt["group_id"], inp.ttt["prompt"])) if cfg.include_ttt else []
+        steered = sec and cfg.sec_scope == SecScope.mix
+        if steered:  # the bandit's allocation of the whole mix: test-time problems first, fresh draws for the rest
+            ttt, rest = self.steer(ttt, allocate(inp.curriculum, len(ttt) + cfg.fresh, rng), rng)
+        for gid, prompt in ttt:
+            take(gid, "ttt", self.parse(prompt))
         if cfg.strategy == EvolveStrategy.eva:
             for i, prompt in enumerate(most_informative(inp.prev_judgments, cfg.keep_top)):
                 q = self.mutate(self.parse(prompt), rng, forbidden)
@@ -150,10 +156,8 @@ class ProceduralTask:
                 if p not in taken and p.key not in forbidden:
                     taken.add(p)
                     seeds.append(p)
-        if cfg.strategy == EvolveStrategy.sec:
-            if inp.curriculum is None:
-                raise ValueError("sec needs the curriculum state")
-            fresh = self.fresh(rng, allocate(inp.curriculum, cfg.fresh, rng), forbidden, taken)
+        if sec:
+            fresh = self.fresh(rng, rest if steered else allocate(inp.curriculum, cfg.fresh, rng), forbidden, taken)
         else:
             fresh = self.fresh(rng, cfg.fresh, forbidden, taken)
         for i, p in enumerate(fresh):
@@ -167,6 +171,25 @@ class ProceduralTask:
             variants = [p] + self.rewrites(p, cfg.rewrites, rng, forbidden)
             rows += prompt_rows(inp.iteration, gid, source, p.category, [(q.prompt, q.answer) for q in variants])
         return frame(rows)
+
+
+    def steer(self, ttt: list[tuple[str, str]], counts: dict[str, int],
+              rng: random.Random) -> tuple[list[tuple[str, str]], dict[str, int]]:
+        """The test-time problems (group_id, prompt) a curriculum allocation `counts` takes: up to its
+        count of each category, drawn at random, kept in their order; and what each category still needs
+        from fresh draws."""
+        by: dict[str, list[int]] = {}
+        for i, (_, prompt) in enumerate(ttt):
+            by.setdefault(self.parse(prompt).category or NO_CATEGORY, []).append(i)
+        keep: set[int] = set()
+        rest: dict[str, int] = {}
+        for cat in sorted(set(counts) | set(by)):
+            pool = by.get(cat, [])
+            chosen = rng.sample(pool, min(counts.get(cat, 0), len(pool)))
+            keep.update(chosen)
+            if cat != NO_CATEGORY and counts.get(cat, 0) > len(chosen):
+                rest[cat] = counts[cat] - len(chosen)
+        return [row for i, row in enumerate(ttt) if i in keep], rest
 
 
 def by_category(ttt: pd.DataFrame) -> list[str]:
