@@ -469,6 +469,79 @@ def test_a_served_deployment_stops_within_seconds_of_a_signal(prefect_server, tm
             os.killpg(served.pid, signal.SIGKILL)
 
 
+def test_a_cancelled_run_ends_cancelled_and_leaves_no_stage_running(repo, prefect_server):
+    """Cancel a served run while a stage runs, as the UI's Cancel does (state Cancelling): the run ends
+    Cancelled within a minute, no `dvc repro` or stage process of it is left, its worktree is gone, and
+    no log of it says it finished while running."""
+    import asyncio
+
+    import psutil
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.objects import StateType
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.states import State
+
+    work, env, _ = repo
+    port, penv = prefect_server
+    served = subprocess.Popen([sys.executable, "-m", "flows.serve", "--repo", str(work)], cwd=ROOT,
+                              env={**env, **penv}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+
+    def stage_processes() -> list[str]:
+        out = []
+        for proc in psutil.process_iter(["cmdline", "cwd"]):
+            line = " ".join(proc.info["cmdline"] or [])
+            if ("dvc repro" in line or "stages." in line) and str(work) in (proc.info["cwd"] or ""):
+                out.append(line)
+        return out
+
+    try:
+        with temporary_settings({PREFECT_API_URL: penv["PREFECT_API_URL"]}):
+            async def cancel_midway():
+                async with get_client() as client:
+                    for _ in range(120):
+                        try:
+                            dep = await client.read_deployment_by_name("self-improve-loop/self-improve")
+                            break
+                        except Exception:  # noqa: BLE001 - not registered yet
+                            await asyncio.sleep(1)
+                    run = await client.create_flow_run_from_deployment(
+                        dep.id, parameters={"samples_per_prompt": 5, "experiment_name": "cancelled-k5"})
+                    for _ in range(600):  # until a stage process of the run is at work
+                        if stage_processes():
+                            break
+                        await asyncio.sleep(0.5)
+                    else:
+                        raise AssertionError("no stage of the run started")
+                    running = stage_processes()
+                    await client.set_flow_run_state(run.id, State(type=StateType.CANCELLING), force=True)
+                    started = time.perf_counter()
+                    for _ in range(120):
+                        run = await client.read_flow_run(run.id)
+                        if run.state and run.state.is_final():
+                            break
+                        await asyncio.sleep(0.5)
+                    took = time.perf_counter() - started
+                    logs = await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
+                    return run, took, running, [log.message for log in logs]
+
+            run, took, running, messages = asyncio.run(cancel_midway())
+    finally:
+        os.killpg(served.pid, signal.SIGTERM)
+        served.wait(timeout=60)
+    assert running, "no stage was running when the run was cancelled"
+    assert run.state.type.value == "CANCELLED" and took < 60, (run.state, took)
+    for _ in range(20):  # the stage processes go with the run's process group
+        if not stage_processes():
+            break
+        time.sleep(0.5)
+    assert not stage_processes(), stage_processes()
+    assert not any("in state Running" in m for m in messages), [m for m in messages if "state" in m]
+    flows_tmp = work / ".dvc" / "tmp" / "flows"
+    assert not flows_tmp.exists() or not [p for p in flows_tmp.iterdir() if "cancelled-k5" in p.name]
+
+
 @HEAVY
 def test_served_deployment_triggered_with_an_override(repo, prefect_server):
     """Serve the deployment, trigger it through the API as the UI does (an override), and find

@@ -207,3 +207,17 @@ def test_exp_hands_dvc_each_value_as_one_argument_and_names_what_is_missing(tmp_
     (tmp_path / "configs").symlink_to(ROOT / "configs")
     with pytest.raises(SystemExit, match=r"models/smollm2-135m-instruct \(model.base\) is missing: make smollm2"):
         cli.main(["exp", "smollm2-v3", "co_reward"])
+
+
+@pytest.mark.unit
+def test_the_1024_heldout_recipe_draws_its_sets_stratified():
+    """smollm2-v3 heldout-1024: 1,024 held-out problems, a third per operation, beside the test-time
+    and dev sets, none running out of distinct problems."""
+    from self_improve.config import TaskConfig
+    from self_improve.tasks import task_for
+
+    raw = recipes.apply(yaml.safe_load((ROOT / "params.yaml").read_text()),
+                        recipes.load_all(["smollm2-v3", "heldout-1024"], ROOT))
+    sets = task_for(TaskConfig(**raw["task"])).sets(0, raw["prepare"]["train_size"])
+    assert len(sets.heldout) == 1024 and len(sets.ttt) == 128
+    assert sets.heldout["category"].value_counts().to_dict() == {"add": 342, "sub": 341, "mul": 341}
