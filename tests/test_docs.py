@@ -233,7 +233,8 @@ def _reported() -> set[str]:
     written and rounded to 2, 3 and 4 decimals."""
     text = "\n".join(p.read_text(encoding="utf-8", errors="ignore")
                      for folder in ("reports", "research") for p in sorted((ROOT / folder).rglob("*"))
-                     if p.is_file() and p.suffix in {".md", ".json", ".jsonl", ".csv", ".txt"})
+                     if p.is_file() and p.suffix in {".md", ".json", ".jsonl", ".csv", ".txt"}
+                     and p != ROOT / "research" / "LOG.md")  # the story: it cites figures, it keeps none
     out = set()
     for m in NUMBER.finditer(text):
         value = float(m.group(0))
@@ -269,14 +270,34 @@ def test_the_readme_headline_tables_are_generated_from_the_kept_results():
     assert HEADLINE.read_text(encoding="utf-8") == headline()
 
 
+def _prose_lines(path: Path) -> list[str]:
+    """`path`'s lines outside code blocks, tables, headings and markers."""
+    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+    return [line for line in text.splitlines() if not line.startswith(("|", "<!--", "#"))]
+
+
+def _long_sentences(lines: list[str], limit: int = 50) -> list[str]:
+    """The sentences of over `limit` words, a paragraph or a list item at a time."""
+    blocks = re.split(r"\n\s*\n|\n(?=- )", "\n".join(lines))
+    return [s for b in blocks for s in re.split(r"(?<=[.!?])\s+", " ".join(b.split())) if len(s.split()) > limit]
+
+
+SHORT_PAGES = ("README.md", "docs/README.md", "docs/results.md")  # the pages a newcomer reads first
+
+
 def test_readme_sentences_are_short():
     """The front door in sentences a reader holds: at most ~1,000 words of prose (outside code and
-    tables), none of its sentences over 50 words."""
-    text = re.sub(r"```.*?```", "", README.read_text(encoding="utf-8"), flags=re.S)
-    lines = [line for line in text.splitlines() if not line.startswith(("|", "<!--", "#"))]
-    words = sum(len(line.split()) for line in lines)
+    tables), and on it and the pages it sends a newcomer to first no sentence over 50 words."""
+    words = sum(len(line.split()) for line in _prose_lines(README))
     assert words <= 1000, f"README.md: {words} words of prose"
-    # a paragraph or a list item at a time, each cut into sentences
-    blocks = re.split(r"\n\s*\n|\n(?=- )", "\n".join(lines))
-    long = [s for b in blocks for s in re.split(r"(?<=[.!?])\s+", " ".join(b.split())) if len(s.split()) > 50]
-    assert not long, "README.md sentences over 50 words:\n" + "\n".join(long)
+    for page in SHORT_PAGES:
+        long = _long_sentences(_prose_lines(ROOT / page))
+        assert not long, f"{page}: sentences over 50 words:\n" + "\n".join(long)
+
+
+def test_the_results_page_is_generated_from_the_kept_results():
+    """docs/results.md is what `python -m research.results_page` makes: each study's table copied
+    from the file it names, with its verdict."""
+    from research.results_page import PAGE, page
+
+    assert PAGE.read_text(encoding="utf-8") == page(), "docs/results.md is stale: run python -m research.results_page"

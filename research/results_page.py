@@ -1,0 +1,174 @@
+"""docs/results.md, generated: one section per study, each a table copied from its generated file and
+a verdict of at most three sentences.
+
+    python -m research.results_page           # writes docs/results.md
+    python -m research.results_page --check   # exits 1 when docs/results.md differs from what it would write
+
+Each study names the file its table comes from (written by the command the section gives) and which
+of that file's rows it shows, verbatim: the header and the rows whose first two cells match. The
+verdicts are written here, beside the study; every figure in them is a figure of a kept file
+(tests/test_docs.py checks that, and that the page is fresh). The story of how the studies were run,
+in order, is research/LOG.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "results.md"
+
+
+@dataclass(frozen=True)
+class Study:
+    title: str
+    command: str
+    source: str  # the generated file the table comes from (repo-relative)
+    rows: tuple[str, ...]  # the rows shown: a row is shown when its first cell, or its first two joined by " / ", is listed; () for all
+    verdict: str
+    table: int = 0  # which table of the file
+
+
+INTRO = """# Results
+
+One section per study: the command that made it, its table (copied from the generated file it
+names), and what it shows. Words claim only what exceeds the spread: mean +- sd over seeds, and
+each seed's paired 95% interval problem by problem. On the real model a gain counts over the
+*floor*, the best policy that reads only the question (on word problems the sum of its numbers),
+and over the *control arms*, which train on preferences that carry no judgment (random, format,
+the validity check alone, the plain vote). The story of how each study was run is
+[research/LOG.md](../research/LOG.md).
+"""
+
+STUDIES = (
+    Study(
+        "The tiny model: every variant over seeds",
+        "make variants  # python -m runners.experiments --variants configs/variants.yaml --seeds 0 1 2",
+        "reports/seeds/comparison.md", (),
+        "Only four variants differ from the default beyond noise over seeds 0-2: gold labels (`judge-verifier`, "
+        "+0.279 +- 0.031 at it3) and three that collapse on every seed: IPO at beta 0.1, SPIN without its NLL "
+        "term and `implicit_reward`. The reward-hacking alarm fires on all nine runs of those three."),
+    Study(
+        "B-STaR: the temperature and threshold chosen each iteration",
+        "python -m runners.experiments --variants configs/variants_bstar.yaml --seeds 0 1 2 --out research/results/bstar",
+        "research/results/bstar/comparison.md", (),
+        "Choosing the temperature and threshold each iteration ends level with the fixed temperature, by the "
+        "judge's labels (-0.011 +- 0.019 at the same seed) and by the truth (-0.001 +- 0.022). On `co_reward`'s "
+        "0/1 rewards it can move only the temperature."),
+    Study(
+        "Recipe V2 and the label-free rules, diagnosed before any loop",
+        "python -m research.reread_kept",
+        "research/reread_kept.md", (),
+        "On recipe V2 every label-free rule ends below the floor of 0.441 (the sum of the question's numbers), "
+        "and its gain is on addition only. V2's training prompts held no multiplication; recipe V3 draws every "
+        "set a third per operation."),
+    Study(
+        "Real tasks on a real model: does self-judging work?",
+        "python -m research.real_loops --recipe smollm2-v3 --judges co_reward+validity_any verifier random format "
+        "validity_only majority_vote --seeds 0 1 2 --out research/results/smollm2_v3_arms",
+        "research/results/smollm2_v3_arms/categories.md",
+        ("co_reward+validity_any (3 seeds, it3) / (all)", "sec-co_reward+validity_any (3 seeds, it3) / (all)",
+         "random (3 seeds, it3) / (all)", "format (3 seeds, it3) / (all)", "validity_only (3 seeds, it3) / (all)",
+         "majority_vote (3 seeds, it3) / (all)", "verifier (3 seeds, it3) / (all)"),
+        "SmolLM2-135M-Instruct on word problems (recipe V3). With the `sec` curriculum the label-free rule ends "
+        "+0.036 +- 0.022 over the floor, clear of it on one seed of three, and above every control arm on every "
+        "seed; gold labels end +0.087 +- 0.043 over it, clear on every seed."),
+    Study(
+        "The reasoning-gym mix with the floor and the control arms",
+        "python -m research.real_loops --recipe smollm2-gym --judges scpo scpo+validity_any "
+        "scpo+validity_any+category_gate random format majority_vote validity_only verifier --seeds 0 1 2 "
+        "--out research/results/smollm2_gym_arms",
+        "research/results/smollm2_gym_arms/categories.md",
+        ("scpo (3 seeds, it3) / (all)", "scpo+validity_any+category_gate (3 seeds, it3) / (all)",
+         "nft1-scpo+validity_any+category_gate (3 seeds, it3) / (all)", "random (3 seeds, it3) / (all)",
+         "format (3 seeds, it3) / (all)", "validity_only (3 seeds, it3) / (all)", "verifier (3 seeds, it3) / (all)"),
+        "No label-free arm clears the floor on every seed: the best, NFT on the gated vote, ends +0.042 +- 0.020 "
+        "over it. Gold labels end +0.061 +- 0.020. The validity check alone ends below it0 (-0.036 +- 0.031)."),
+    Study(
+        "Faster loops: adaptive sampling and the answer stop",
+        "python -m research.real_loops --recipe smollm2-v3 --judges co_reward+validity_any -S evolve.strategy=sec "
+        "--tag fast --seeds 0 1 --plain /tmp/loops --out research/results/smollm2_v3_fast",
+        "research/results/smollm2_v3_fast/paired_s1.md", (),
+        "At seed 1 the loop with adaptive sampling and the answer stop ends level with the kept one at it3 "
+        "(+0.016 [-0.023, +0.055]); at seed 0 too (-0.014 [-0.051, +0.021], in paired_s0.md beside it). Both are on "
+        "in recipe V3."),
+    Study(
+        "CoMAS: two agents that solve, evaluate and score each other",
+        "make loop-comas",
+        "reports/comas/summary.md", (),
+        "Neither agent gains over it0 beyond noise by it2. SmolLM2 rarely writes a score the rubric parses "
+        "(0.042 of agent0's scores at most, none of agent1's), so the agents train mostly on the parse penalty."),
+    Study(
+        "Which iteration to keep, chosen without labels",
+        "python -m research.choice_check",
+        "research/results/choice_check.md", (),
+        "The rule picks within one standard error of the best iteration in 111 of the 122 kept runs that gained, "
+        "and below it0 beyond noise in 1 of 218. Refitted with each recipe left out its recall falls to 77 of 122; "
+        "refitted without the gym recipe, it picks none of that recipe's 36 gains."),
+    Study(
+        "Is the self-judge fooling itself?",
+        "python -m research.alarm_check",
+        "research/results/alarm_check.md",
+        ("seeds_holdout/algo-ipo/s3", "seeds_holdout/algo-spin-nll0/s3", "bstar/default/s0"),
+        "The reward-hacking alarm fired on every one of the 65 kept runs that lost held-out accuracy beyond two "
+        "standard errors, and on none of the 24 runs trained on gold labels."),
+)
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def _tables(text: str) -> list[list[str]]:
+    out, cur = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            cur.append(line)
+        elif cur:
+            out.append(cur)
+            cur = []
+    return out
+
+
+def section(study: Study, root: Path = ROOT) -> str:
+    path = root / study.source
+    if not path.exists():
+        raise SystemExit(f"{study.source}: missing; run `{study.command}`")
+    tables = _tables(path.read_text(encoding="utf-8"))
+    if len(tables) <= study.table:
+        raise SystemExit(f"{study.source}: no table {study.table}")
+    table = tables[study.table]
+    rows = table[2:]
+    if study.rows:
+        def key(line: str) -> set[str]:
+            c = _cells(line)
+            return {c[0], f"{c[0]} / {c[1]}" if len(c) > 1 else c[0]}
+        rows = [line for line in rows if key(line) & set(study.rows)]
+        if len(rows) != len(study.rows):
+            raise SystemExit(f"{study.source}: {len(rows)} of the {len(study.rows)} rows named were found")
+    rel = "../" + study.source
+    return (f"## {study.title}\n\n```bash\n{study.command}\n```\n\n"
+            f"From [{study.source}]({rel}):\n\n" + "\n".join(table[:2] + rows) + f"\n\n{study.verdict}\n")
+
+
+def page(root: Path = ROOT) -> str:
+    return INTRO + "\n" + "\n".join(section(s, root) for s in STUDIES)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 when docs/results.md is stale")
+    args = ap.parse_args(argv)
+    text = page()
+    if args.check:
+        if PAGE.read_text(encoding="utf-8") != text:
+            sys.exit("docs/results.md differs from the kept results' tables; run python -m research.results_page")
+        return
+    PAGE.write_text(text, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
