@@ -25,6 +25,7 @@ import pandas as pd
 
 from self_improve.config import BstarLabels, Params
 from self_improve.judges import JudgeContext, judge_samples
+from self_improve.judges.registry import ruled_out_by
 
 
 def off(params: Params) -> dict:
@@ -89,6 +90,8 @@ def sweep(sampler, prompts: pd.DataFrame, params: Params, task, seed: int, min_s
     judge_cfg = params.judge.model_copy(update={"min_share": min_share})
     ctx = JudgeContext(verify=task.verify, question=getattr(task, "question", lambda prompt: prompt),
                        progress=False)
+    if judge_cfg.shortcut:
+        ctx.ruled_out = ruled_out_by(task, params.task.name)
     grid, sampled = [], 0
     for j, temperature in enumerate(cfg.temperatures):
         spec = params.sample.model_copy(update={"temperature": temperature})

@@ -60,11 +60,12 @@ def vote_reader(task: Task, judge: JudgeConfig, prompts: list[str]) -> Callable[
     """`vote(i, response)`: the answer a response to prompts[i] votes for, as the judge reads it (None:
     no answer, or with judge.validity an invalid response, which does not vote: judges/registry.py)."""
     question = getattr(task, "question", lambda prompt: prompt)
+    ruled_out = task.ruled_out if judge.shortcut else (lambda prompt: frozenset())
 
     def vote(i: int, response: str) -> Optional[str]:
         pred = task.extract(response).answer
-        if pred is not None and judge.validity and \
-                invalid_reason(question(prompts[i]), response, pred, judge.restates.value) is not None:
+        if pred is not None and judge.validity and invalid_reason(
+                question(prompts[i]), response, pred, judge.restates.value, ruled_out(prompts[i])) is not None:
             return None
         return pred
 

@@ -6,13 +6,15 @@ import pandas as pd
 import pytest
 import torch
 
-from self_improve.config import JudgeConfig, PairsConfig, TaskConfig
+from self_improve.config import JudgeConfig, PairsConfig, TaskConfig, parse_params
 from self_improve.judges import JudgeContext, ModelHandle, judge_samples
 from self_improve.judges.validity import copied_sentence, false_calculation, invalid_reason, numbers
 from self_improve.judges.votes import answer_scores, frozen_weights, harmonic_scores, top_answer
 from self_improve.pairs import build
 from self_improve.tasks import task_for
 from self_improve.training.losses import dpo_loss, weighted_mean, with_nll
+
+from .conftest import TINY, deep_merge
 
 QUESTION = "Tom has 9 marbles. He buys 3 more marbles. How many marbles does Tom have now?"
 
@@ -343,6 +345,41 @@ def test_restates_any_catches_a_restated_operand_the_first_rule_lets_through():
     s = _samples(["18", "18", "18", "7"], responses=["Omar loses 18 pencils."] * 3 + ["25 - 18 = 7"], prompt=q)
     out = judge_samples(s, JudgeConfig(method="majority_vote", validity=True, restates="any"))
     assert list(out["valid"]) == [False, False, False, True] and set(out["label"].dropna()) == {"7"}
+
+
+def test_the_shortcut_check_rules_out_the_sum_where_a_step_is_not_an_addition():
+    """judge.shortcut: on word_math the sum of the question's numbers is invalid where a step subtracts,
+    multiplies or divides (no vote, lowest reward), never where every step adds; a right answer is ruled
+    out in none of the one-step subtractions drawn and at most 1% of the multiplications (2 x 2)."""
+    from self_improve.judges.registry import context
+    from self_improve.tasks.word_math import WordProblem
+
+    task = task_for(TaskConfig(name="word_math", levels=["add", "sub", "mul"], max_number=30, max_factor=12,
+                               heldout_size=300, ttt_size=10, instruction="Answer with the final number only."))
+    sub = task.show(WordProblem(25, (("sub", 18),), "Omar", "pencils").prompt)
+    add = task.show(WordProblem(25, (("add", 18),), "Omar", "pencils").prompt)
+    assert task.ruled_out(sub) == {"43"} and task.ruled_out(add) == frozenset()
+    assert task.ruled_out("not a word problem") == frozenset()
+    q = task.question(sub)
+    assert invalid_reason(q, "25 + 18 = 43. The answer is 43.", "43", "any", task.ruled_out(sub)) == "shortcut"
+    assert invalid_reason(q, "25 - 18 = 7. The answer is 7.", "7", "any", task.ruled_out(sub)) is None
+    sets = task.sets(0, 0)
+    by: dict[str, list[bool]] = {}  # is the right answer ruled out, per operation
+    for p, a, c in zip(sets.heldout["prompt"], sets.heldout["answer"], sets.heldout["category"]):
+        by.setdefault(c, []).append(a in task.ruled_out(p))
+    assert sum(by["add"]) == 0 and sum(by["sub"]) == 0 and sum(by["mul"]) / len(by["mul"]) <= 0.01
+    # in the judge: the sum does not vote, the right answer takes the label
+    raw = deep_merge(TINY, {"task": {"name": "word_math", "instruction": "Answer with the final number only."},
+                            "judge": {"method": "majority_vote", "validity": True, "restates": "any", "shortcut": True}})
+    params = parse_params(raw)
+    ctx = context(params, {}, task=task, cfg=params.judge)
+    s = _samples(["43", "43", "43", "7"], responses=["25 + 18 = 43."] * 3 + ["25 - 18 = 7"], prompt=sub)
+    judged = judge_samples(s, params.judge, ctx)
+    assert list(judged["valid"]) == [False, False, False, True] and set(judged["label"].dropna()) == {"7"}
+    off = judge_samples(s, params.judge.model_copy(update={"shortcut": False}), ctx)
+    assert set(off["label"].dropna()) == {"43"}  # without it, the sum wins the vote
+    with pytest.raises(ValueError, match="shortcut"):
+        JudgeConfig(method="majority_vote", shortcut=True)
 
 
 # self-verification by inverse problems

@@ -84,6 +84,9 @@ class JudgeConfig(_Section):
     restates: RestateRule = Field(
         RestateRule.first, description="judge.validity: an answer that is the question's first number (first) "
         "or any of its numbers (any), with no calculation arriving at it, is a restatement")
+    shortcut: bool = Field(
+        False, description="judge.validity: an answer the task rules out from the question alone is invalid "
+        "(word_math: the sum of the question's numbers where a step is not an addition)")
     frozen: FrozenJudge = Field(
         FrozenJudge.none, description="vote judges: the base model, frozen, weighs each answer's vote share by "
         "its mean P(Yes) for `correct_template` (label score = vote share x frozen P(Yes))",
@@ -129,6 +132,8 @@ class JudgeConfig(_Section):
             raise ValueError(f"frozen: weighs the votes of a vote judge ({votes}), not {self.method}")
         if self.frozen_mix > 0 and self.frozen == FrozenJudge.none:
             raise ValueError("frozen_mix: mixes the frozen judge's weights; set frozen (yes_logprob) too")
+        if self.shortcut and not self.validity:
+            raise ValueError("shortcut: a reason of the validity check; set judge.validity too")
         if self.category_gate > 0 and not self.entry.votes:
             raise ValueError(f"category_gate: gates the labels of a vote judge ({votes}), not {self.method}")
         if self.low_consensus != LowConsensus.skip and not self.entry.votes:

@@ -50,6 +50,7 @@ class JudgeContext:
     progress: bool = True
     verify: Optional[Verify] = None  # the task's check of an answer against the gold (None: no ground truth)
     question: Callable[[str], str] = lambda prompt: prompt  # the task's question without its instruction
+    ruled_out: Callable[[str], frozenset] = lambda prompt: frozenset()  # judge.shortcut: answers the task rules out
     frozen: Optional[ModelHandle] = None  # judge.frozen: the base model, adapters off
     frozen_template: Optional[str] = None  # judge.correct_template, for the frozen judge
     inverse: Optional[Callable[[str, str], list]] = None  # judge.inverse: the task's inverse problems

@@ -56,5 +56,6 @@ def format_reward(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext) ->
 
 def validity_reward(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext) -> Verdicts:
     return Verdicts([float(_answer(p) is not None and
-                           invalid_reason(ctx.question(q), _text(r), _answer(p), cfg.restates.value) is None)
+                           invalid_reason(ctx.question(q), _text(r), _answer(p), cfg.restates.value,
+                                          ctx.ruled_out(q) if cfg.shortcut else ()) is None)
                      for q, r, p in zip(samples["prompt"], samples["response"], samples["pred"])])

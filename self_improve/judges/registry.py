@@ -38,7 +38,7 @@ mean token log-prob), stored as ``consistency`` = (tau + 1) / 2 for the train st
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import pandas as pd
 
@@ -93,6 +93,14 @@ def frozen_context(params, frozen: ModelHandle) -> JudgeContext:
     return JudgeContext(frozen=frozen, frozen_template=_template(params, "correct_template"), **_limits(params))
 
 
+def ruled_out_by(task, name: str) -> Callable[[str], frozenset]:
+    """judge.shortcut: the task's `ruled_out` (the answers a right response to a prompt cannot give,
+    read from the question alone); a task without one is refused by name."""
+    if not hasattr(task, "ruled_out"):
+        raise ConfigError(f"judge.shortcut: task {name} rules out no answer from the question alone (word_math does)")
+    return task.ruled_out
+
+
 def context(params, models: dict[str, ModelHandle], *, task=None, seed: int = 0,
             cfg: JudgeConfig | None = None) -> JudgeContext:
     """The JudgeContext that judging with `cfg` (default params.judge) reads: the templates the judge
@@ -109,6 +117,8 @@ def context(params, models: dict[str, ModelHandle], *, task=None, seed: int = 0,
     if task is not None:
         ctx.verify = task.verify
         ctx.question = getattr(task, "question", lambda prompt: prompt)
+        if cfg.shortcut:
+            ctx.ruled_out = ruled_out_by(task, params.task.name)
     if cfg.inverse:
         if not hasattr(task, "inverse"):
             raise ConfigError(f"judge.inverse: task {params.task.name} poses no inverse problems "
@@ -149,7 +159,8 @@ def judge_samples(samples: pd.DataFrame, cfg: JudgeConfig, ctx: JudgeContext | N
     valid: list[Optional[bool]] = [None] * n
     if cfg.validity:
         valid = [invalid_reason(ctx.question(q), r if isinstance(r, str) else "",
-                                p if isinstance(p, str) else None, cfg.restates.value) is None
+                                p if isinstance(p, str) else None, cfg.restates.value,
+                                ctx.ruled_out(q) if cfg.shortcut else ()) is None
                  for q, r, p in zip(samples["prompt"], samples["response"], samples["pred"])]
         visible = visible.assign(pred=[p if ok else None for p, ok in zip(visible["pred"], valid)])
     v = judge.function()(visible, cfg, ctx)

@@ -18,6 +18,13 @@ signs mark a response invalid, each read from the question and the response alon
   case and spacing.
 - ``false_calc``: a calculation it writes, ``a op b = c`` with op one of + - * x × / ÷, is false
   when evaluated (exactly, as fractions).
+- ``shortcut`` (``judge.shortcut``): its answer is one the task rules out from the question alone
+  (`ruled_out`). On `word_math`, the sum of the question's numbers where a step is not an addition:
+  a loop that agrees across wordings drifted into answering that sum on every operation (0.789 of
+  held-out answers at it6 of research/results/smollm2_v3_long/), and a sum is the same in every
+  wording, so no vote sees it. Measured on `word_math` (numbers to 30, factors to 12), a right
+  answer equals that sum in none of the one-step subtractions and 0.47% of multiplications (2 x 2),
+  at most 1.8% for a two-step chain.
 
 Invalid responses do not vote, are never chosen and are preferred as rejected (EVOL-RL gives them
 the lowest reward); the share of samples the check rejects is an iteration metric.
@@ -27,7 +34,7 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
-from typing import Optional
+from typing import Collection, Optional
 
 from self_improve.tasks.answers import normalise
 
@@ -37,7 +44,7 @@ _CALC = re.compile(
 )
 _SENTENCE = re.compile(r"[^.!?\n]+[.!?]?")
 
-REASONS = ("restates", "copies", "false_calc")
+REASONS = ("restates", "shortcut", "copies", "false_calc")
 
 
 def numbers(text: str) -> list[str]:
@@ -89,15 +96,19 @@ def copied_sentence(question: str, response: str, answer: str) -> Optional[str]:
     return None
 
 
-def invalid_reason(question: str, response: str, answer: Optional[str], restates: str = "first") -> Optional[str]:
+def invalid_reason(question: str, response: str, answer: Optional[str], restates: str = "first",
+                   ruled_out: Collection[str] = ()) -> Optional[str]:
     """Why the response is invalid (one of REASONS), or None. A response without an answer is
     not judged here (it has nothing to vote for). `restates`: which of the question's numbers an
-    answer may not be without a calculation arriving at it, `first` or `any` of them."""
+    answer may not be without a calculation arriving at it, `first` or `any` of them. `ruled_out`:
+    the answers the task rules out for this question (judge.shortcut)."""
     if answer is None:
         return None
     given = numbers(question) if restates == "any" else numbers(question)[:1]
     if answer in given and not _arrives_at(response, answer):
         return "restates"
+    if answer in ruled_out:
+        return "shortcut"
     if copied_sentence(question, response, answer):
         return "copies"
     if false_calculation(response):

@@ -265,6 +265,17 @@ class WordMathTask(FreeTextAnswers, ProceduralTask):
     def parse(self, prompt: str) -> "_Shown":
         return _Shown(parse(self.question(prompt)), self)
 
+    def ruled_out(self, prompt: str) -> frozenset:
+        """judge.shortcut: the answers a right response to `prompt` cannot give, read from the question
+        alone: the sum of its numbers, where a step is not an addition (measured in judges/validity.py)."""
+        try:
+            p = parse(self.question(prompt))
+        except ValueError:
+            return frozenset()
+        if all(op == "add" for op, _ in p.steps):
+            return frozenset()
+        return frozenset({str(p.start + sum(n for _, n in p.steps))})
+
     def draw(self, rng: random.Random, chain: tuple[str, ...], forbidden: set, taken_keys: set,
              tries: int = 200) -> WordProblem | None:
         for _ in range(tries):
