@@ -71,7 +71,7 @@ def bench_busy(work: Path, quick: bool = False, repeats: int = 2) -> dict:
     slowdowns and whether the targets hold."""
     raw = yaml.safe_load((work / "params.yaml").read_text())
     steps = 20 if quick else 150
-    raw["prepare"] = {**raw.get("prepare", {}), "steps": steps, "stop_loss": 0.0}  # a fixed amount of work
+    raw["prepare"] = {**raw.get("prepare", {}), "steps": steps, "stop_loss": 1e-9}  # a fixed amount of work
     params = work / "params.busy.yaml"
     params.write_text(yaml.safe_dump(raw, sort_keys=False))
     _run(work, "check_params", params)

@@ -96,6 +96,16 @@ STUDIES = (
         "(+0.016 [-0.023, +0.055]); at seed 0 too (-0.014 [-0.051, +0.021], in paired_s0.md beside it). Both are on "
         "in recipe V3."),
     Study(
+        "Six iterations: does the closest label-free arm keep improving?",
+        "python -m research.extend_loop /tmp/loops/smol-fast-sec-co_reward-validity_any-s0 --finished "
+        "research/results/smollm2_v3_fast/fast-sec-co_reward-validity_any-s0.json --recipe smollm2-v3 long "
+        "--judge co_reward+validity_any -S evolve.strategy=sec -S train.bf16=auto --seed 0 --tag long-sec "
+        "--out research/results/smollm2_v3_long  # and --seed 1",
+        "research/results/smollm2_v3_long/sum_share.md", (),
+        "No: past it3 both seeds drift into the shortcut. At it6, 0.789 and 0.518 of held-out answers equal the "
+        "sum of the question's numbers, and subtraction and multiplication fall. The agreement signal rises "
+        "throughout, so the stop never fires and the choice picks it6."),
+    Study(
         "CoMAS: two agents that solve, evaluate and score each other",
         "make loop-comas",
         "reports/comas/summary.md", (),
