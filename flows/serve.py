@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 from pathlib import Path
 
 from prefect import serve
@@ -27,6 +28,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repo", default=".", help="the repo the runs work on (default: here)")
     p.add_argument("--limit", type=int, default=2, help="runs of the deployment at once")
     args = p.parse_args(argv)
+    # Ctrl-C stops it as SIGTERM does (Prefect's graceful shutdown: deployments paused, runs cancelled): a
+    # KeyboardInterrupt raised inside the runner's loop was at times left pending for tens of seconds
+    signal.signal(signal.SIGINT, lambda *_: os.kill(os.getpid(), signal.SIGTERM))
     repo = {"repo": str(Path(args.repo).resolve())}
     # the served runs (this process's children) may work on this repo: no caller can add another
     os.environ[REPOS_ENV] = os.pathsep.join(filter(None, [os.environ.get(REPOS_ENV), repo["repo"]]))
