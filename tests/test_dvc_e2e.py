@@ -428,6 +428,18 @@ def prefect_server(tmp_path_factory):
         server.wait(timeout=60)
 
 
+async def _served_deployment(client, name: str = "self-improve-loop/self-improve"):
+    """The deployment `flows.serve` registers, once it is there (two minutes at most)."""
+    import asyncio
+
+    for _ in range(120):
+        try:
+            return await client.read_deployment_by_name(name)
+        except Exception:  # noqa: BLE001 - not registered yet
+            await asyncio.sleep(1)
+    raise AssertionError(f"{name} was not registered within two minutes")
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_served_deployment_stops_within_seconds_of_a_signal(prefect_server, tmp_path, sig):
     """`make serve` (flows.serve) registers its deployments, then a SIGTERM or a Ctrl-C stops it, and its
@@ -501,12 +513,7 @@ def test_a_cancelled_run_ends_cancelled_and_leaves_no_stage_running(repo, prefec
         with temporary_settings({PREFECT_API_URL: penv["PREFECT_API_URL"]}):
             async def cancel_midway():
                 async with get_client() as client:
-                    for _ in range(120):
-                        try:
-                            dep = await client.read_deployment_by_name("self-improve-loop/self-improve")
-                            break
-                        except Exception:  # noqa: BLE001 - not registered yet
-                            await asyncio.sleep(1)
+                    dep = await _served_deployment(client)
                     run = await client.create_flow_run_from_deployment(
                         dep.id, parameters={"samples_per_prompt": 5, "experiment_name": "cancelled-k5"})
                     for _ in range(600):  # until a stage process of the run is at work
@@ -567,12 +574,7 @@ def test_served_deployment_triggered_with_an_override(repo, prefect_server):
         with temporary_settings({PREFECT_API_URL: penv["PREFECT_API_URL"]}):
             async def trigger():
                 async with get_client() as client:
-                    for _ in range(120):
-                        try:
-                            dep = await client.read_deployment_by_name("self-improve-loop/self-improve")
-                            break
-                        except Exception:  # noqa: BLE001 - not registered yet
-                            await asyncio.sleep(1)
+                    dep = await _served_deployment(client)
                     props = dep.parameter_openapi_schema["properties"]
                     assert {"judge_method", "samples_per_prompt", "experiment_name"} <= set(props)
                     # what the UI's "Run" with a custom parameter does
