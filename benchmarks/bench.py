@@ -11,7 +11,7 @@
    and the sample stage at four prompt counts with a fitted line. On a GPU the same sampling runs
    on CUDA, and with vLLM when it is installed.
 3. A busy machine (benchmarks/busy.py): the base model's training and evaluation alone and beside one
-   and two busy processes, under OpenMP's default wait policy and the passive one the project sets.
+   and two busy processes, under OpenMP's default wait policy and the passive one.
 
 Figures go to the JSON file given by --out; the last line printed sums up the targets.
 

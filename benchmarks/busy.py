@@ -6,10 +6,11 @@ A laptop with a browser open, or a shared runner, keeps cores busy. OpenMP's thr
 wait, and beside another process they fight it for the cores. This runs the base model's training
 (`prepare`, a fixed number of steps) and its evaluation (`evaluate_base`: greedy answers through
 the engine) alone, beside one and beside two single-threaded busy processes (`yes > /dev/null`),
-under OpenMP's own wait policy (`SELF_IMPROVE_OMP_WAIT=default`, what the project ran before) and
-the passive one the project sets now (self_improve/cpu.py). Each figure is the stage's own time
+under OpenMP's own wait policy (`SELF_IMPROVE_OMP_WAIT=default`, the project's default) and the passive
+one (`SELF_IMPROVE_OMP_WAIT=passive`, self_improve/cpu.py). Each figure is the stage's own time
 (SELF_IMPROVE_TIMINGS), best of `repeats`. Targets: beside one busy process a stage takes at most
-2x its time alone, and alone it is no slower than under the default policy (within 10%).
+2x its time alone, and alone it is no slower than under the default policy (within 10%): what a default
+that waits passively would have to meet.
 """
 
 from __future__ import annotations
