@@ -4,6 +4,7 @@ AVX2 and an AVX-512 machine; `SELF_IMPROVE_CPU_ISA=native` opts out."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -37,3 +38,26 @@ def test_an_unpinned_child_gets_native_and_none_of_the_pins():
 
     env = unpinned_env({**PINS, "PATH": "/bin", "SELF_IMPROVE_CPU_ISA": "avx2"})
     assert env == {"PATH": "/bin", "SELF_IMPROVE_CPU_ISA": "native"}
+
+
+@pytest.mark.parametrize("asked, preset, want", [
+    (None, None, None), ("default", None, None), ("passive", None, "PASSIVE"), ("passive", "ACTIVE", "ACTIVE")])
+def test_openmp_waits_passively_only_when_asked(asked, preset, want):
+    """SELF_IMPROVE_OMP_WAIT=passive sets OMP_WAIT_POLICY=PASSIVE before torch loads; by default, and
+    over the user's own OMP_WAIT_POLICY, OpenMP keeps its own (make bench's busy section)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "SELF_IMPROVE_OMP_WAIT")}
+    env |= {k: v for k, v in (("SELF_IMPROVE_OMP_WAIT", asked), ("OMP_WAIT_POLICY", preset)) if v}
+    out = subprocess.run([sys.executable, "-c", "import os, self_improve; print(os.environ.get('OMP_WAIT_POLICY'))"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(want)
+
+
+def test_thread_counts_follow_the_cpus_the_process_may_run_on():
+    from self_improve.cpu import usable_cpus
+
+    assert usable_cpus() == len(os.sched_getaffinity(0))
+    if len(os.sched_getaffinity(0)) > 1 and shutil.which("taskset"):  # one CPU granted: one thread
+        out = subprocess.run(["taskset", "-c", "0", sys.executable, "-c",
+                              "from self_improve.cpu import usable_cpus; print(usable_cpus())"],
+                             cwd=ROOT, capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == "1"
