@@ -106,6 +106,15 @@ STUDIES = (
         "sum of the question's numbers, and subtraction and multiplication fall. The agreement signal rises "
         "throughout, so the stop never fires and the choice picks it6."),
     Study(
+        "The shortcut gate from it4 on (one seed)",
+        "python -m research.extend_loop /tmp/loops/smol-fast-sec-co_reward-validity_any-s0 --finished "
+        "research/results/smollm2_v3_fast/fast-sec-co_reward-validity_any-s0.json --recipe smollm2-v3 long "
+        "--judge co_reward+validity_any+shortcut --switch judge.shortcut -S evolve.strategy=sec -S train.bf16=auto "
+        "--seed 0 --tag long-sec --out research/results/smollm2_v3_long",
+        "research/results/smollm2_v3_long/paired_shortcut_s0.md", (),
+        "At seed 0, `judge.shortcut` from it4 on keeps the loop rising where it collapsed without it: 0.457 at it6, "
+        "+0.180 [+0.141, +0.221] over the same loop without the gate. One seed only; other seeds are the next run."),
+    Study(
         "CoMAS: two agents that solve, evaluate and score each other",
         "make loop-comas",
         "reports/comas/summary.md", (),
