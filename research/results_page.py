@@ -101,7 +101,8 @@ STUDIES = (
         "research/results/smollm2_v3_fast/fast-sec-co_reward-validity_any-s0.json --recipe smollm2-v3 long "
         "--judge co_reward+validity_any -S evolve.strategy=sec -S train.bf16=auto --seed 0 --tag long-sec "
         "--out research/results/smollm2_v3_long  # and --seed 1",
-        "research/results/smollm2_v3_long/sum_share.md", (),
+        "research/results/smollm2_v3_long/sum_share.md",
+        tuple(f"long-sec-co_reward-validity_any-s{seed} / {it}" for seed in (0, 1) for it in ("it0", "it6")),
         "No: past it3 both seeds drift into the shortcut. At it6, 0.789 and 0.518 of held-out answers equal the "
         "sum of the question's numbers, and subtraction and multiplication fall. The agreement signal rises "
         "throughout, so the stop never fires and the choice picks it6."),
