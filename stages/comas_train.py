@@ -10,6 +10,7 @@ import argparse
 import logging
 
 import pandas as pd
+import torch
 
 from self_improve import artifacts as art
 from self_improve.agents.discussion import TRANSCRIPTS, buffer
@@ -17,7 +18,7 @@ from self_improve.agents.roster import agent_dir, agent_model
 from self_improve.stage import derive_seed, run_stage, stage_provenance
 from self_improve.config import ConfigError, Params
 from self_improve.models.loading import load_model, save_adapter_chain, set_threads
-from self_improve.training.iteration import train
+from self_improve.training.iteration import prepare_precision, train
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> None:
             raise ConfigError("train.lora.enabled: CoMAS keeps each agent as an adapter chain on one base; "
                               "set it to true")
         set_threads()
+        prepare_precision(params.train.bf16, torch.device("cpu"))  # before loading merges any adapter
         transcripts = art.read_table(args.transcripts, TRANSCRIPTS)
         cfg = params.train.model_copy(update={"algorithm": "grpo"})
         metrics = {}

@@ -18,7 +18,7 @@ from self_improve.models.loading import (
     save_model,
     set_threads,
 )
-from self_improve.training.iteration import fingerprint, train
+from self_improve.training.iteration import fingerprint, prepare_precision, train
 from self_improve.training.loop import Checkpoints
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> None:
             relaunch("stages.train", sys.argv[1:])
         set_threads()
         accelerator = make_accelerator()  # no GPU: processes over gloo; FSDP2 if the config asks
+        prepare_precision(params.train.bf16, accelerator.device)  # before loading merges any adapter
         pairs = art.read_table(args.pairs, art.PAIRS)
         sft = art.read_table(args.sft, art.SFT)
         groups = art.read_table(args.groups, art.GROUPS)

@@ -4,13 +4,18 @@ that never cuts a complete answer."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from self_improve import adaptive
 from self_improve.config import JudgeConfig, PairsConfig
+from self_improve.cpu import cpu_flags
 from self_improve.judges import judge_samples
 from self_improve.pairs import build
 from self_improve.tasks.answers import answer_end, extract
@@ -132,8 +137,11 @@ def test_bf16_auto_follows_the_cpu_and_the_pin_is_lifted_only_where_this_project
 
     cpu_only = torch.device("cpu")
     monkeypatch.setattr(iteration, "cpu_flags", lambda: {"avx2", "avx512_bf16", "amx_bf16"})
+    monkeypatch.setattr(iteration, "bf16_kernels_ready", lambda: True)
     assert iteration.bf16_on("auto", cpu_only) and iteration.bf16_on(True, cpu_only)
-    monkeypatch.setattr(iteration, "cpu_flags", lambda: {"avx2", "avx512_bf16"})  # a loop stalled there at it2
+    monkeypatch.setattr(iteration, "cpu_flags", lambda: {"avx2", "avx512_bf16"})
+    assert iteration.bf16_on("auto", cpu_only)
+    monkeypatch.setattr(iteration, "bf16_kernels_ready", lambda: False)  # a matmul ran before the lift
     assert not iteration.bf16_on("auto", cpu_only) and iteration.bf16_on(True, cpu_only)
     monkeypatch.setattr(iteration, "cpu_flags", lambda: {"avx2"})
     assert not iteration.bf16_on("auto", cpu_only) and not iteration.bf16_on(False, cpu_only)
@@ -142,6 +150,30 @@ def test_bf16_auto_follows_the_cpu_and_the_pin_is_lifted_only_where_this_project
     assert not cpu.allow_bf16_kernels()  # the user's own pin stays
     monkeypatch.setenv(cpu.PINNED_BY, "1")
     assert cpu.allow_bf16_kernels() and cpu.os.environ["ONEDNN_MAX_CPU_ISA"] == "ALL"
+
+
+_FIRST_MATMUL = """
+import sys, torch
+from self_improve.training.iteration import bf16_kernels_ready, bf16_on, prepare_precision
+cpu = torch.device("cpu")
+if sys.argv[1] == "after":  # a LoRA chain merged while loading, before the lift
+    torch.randn(64, 8) @ torch.randn(8, 576)
+prepare_precision("auto", cpu)
+torch.randn(64, 8) @ torch.randn(8, 576)
+print(bf16_kernels_ready(), bf16_on("auto", cpu))
+"""
+
+
+@pytest.mark.skipif(not {"amx_bf16", "avx512_bf16"} & cpu_flags(), reason="the CPU has no bfloat16 instructions")
+@pytest.mark.skipif(os.environ.get("SELF_IMPROVE_CPU_ISA", "").lower() == "native", reason="nothing pinned")
+def test_bf16_kernels_are_reachable_only_when_the_pin_is_lifted_before_the_first_matmul():
+    """oneDNN fixes its instruction set at a process's first matmul: the train stage lifts the AVX2 pin
+    before loading (which merges the adapter chain), else bfloat16 ran in torch's reference GEMM."""
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA", "SELF_IMPROVE_PINNED")}
+    for order, expected in (("before", "True True"), ("after", "False False")):
+        out = subprocess.run([sys.executable, "-c", _FIRST_MATMUL, order], env=env, capture_output=True,
+                             text=True, check=True, cwd=Path(__file__).resolve().parents[1]).stdout.strip()
+        assert out == expected, order
 
 
 def test_training_reports_its_share_of_the_machines_matmul_rate(tok, trained):

@@ -75,9 +75,8 @@ class TrainConfig(_Section):
     bf16: Union[bool, Literal["auto"]] = Field(
         False, description="mixed precision (transformers' TrainingArguments.bf16): forward passes autocast to "
         "bfloat16, weights, gradients and optimiser state stay float32. auto: on for a GPU with bfloat16 and a "
-        "CPU with AMX (amx_bf16; the stage lifts the AVX2 pin of oneDNN for itself), float32 elsewhere. true on "
-        "avx512_bf16 alone was 2.1x faster at it1 but sat in torch's reference GEMM at it2 (docs/speed.md); "
-        "without bfloat16 instructions it is emulated, slower than float32",
+        "CPU with AMX or avx512_bf16 (the stage lifts the AVX2 pin of oneDNN for itself before its first matmul), "
+        "float32 elsewhere; without bfloat16 instructions true is emulated, slower than float32",
     )
     dpo: DpoConfig = DpoConfig()
     grpo: GrpoConfig = GrpoConfig()

@@ -84,14 +84,46 @@ def training_tokens(cfg: TrainConfig, chat, pairs: pd.DataFrame, sft: pd.DataFra
 
 
 def bf16_on(setting: bool | str, device: torch.device) -> bool:
-    """train.bf16 resolved: auto is on for a GPU that supports bfloat16 and a CPU with AMX (amx_bf16),
-    where whole loops trained in it; float32 elsewhere. Not on avx512_bf16 alone: there a loop's second
-    iteration sat in torch's single-threaded reference GEMM for a backward matmul (docs/speed.md)."""
+    """train.bf16 resolved: auto is on for a GPU that supports bfloat16 and a CPU with bfloat16
+    instructions (AMX or avx512_bf16) whose oneDNN kernels this process can reach; float32 elsewhere."""
     if setting != "auto":
         return bool(setting)
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
-    return device.type == "cpu" and "amx_bf16" in cpu_flags()
+    return device.type == "cpu" and bool({"amx_bf16", "avx512_bf16"} & cpu_flags()) and bf16_kernels_ready()
+
+
+def bf16_kernels_ready() -> bool:
+    """Whether torch's bfloat16 matmuls reach oneDNN's kernels in this process. oneDNN fixes its
+    instruction set at the process's first matmul: if that ran under the AVX2 pin (a LoRA chain merged
+    while loading, say), every later bfloat16 matmul falls to torch's reference GEMM, 8x slower here,
+    and a whole loop's train stage once sat in it for over ten minutes (docs/speed.md)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def prepare_precision(setting: bool | str, device: torch.device) -> None:
+    """Before the stage's first matmul: where train.bf16 may be on for a CPU, lift the AVX2 pin of oneDNN
+    that this project set (self_improve/cpu.py), so bfloat16 runs on the CPU's own kernels."""
+    if device.type == "cpu" and setting is not False and {"amx_bf16", "avx512_bf16"} & cpu_flags():
+        if allow_bf16_kernels():
+            log.info("train.bf16: oneDNN may use the CPU's bfloat16 kernels in this stage (the AVX2 pin lifted)")
+
+
+def _check_bf16(device: torch.device) -> None:
+    """Warn where a bfloat16 run on the CPU will not reach the CPU's bfloat16 kernels."""
+    if device.type != "cpu" or bf16_kernels_ready():
+        return
+    if not {"amx_bf16", "avx512_bf16"} & cpu_flags():
+        log.warning("train.bf16 on a CPU without bfloat16 instructions (amx_bf16, avx512_bf16): emulated, "
+                    "slower than float32")
+    elif os.environ.get("ONEDNN_MAX_CPU_ISA") == PINS["ONEDNN_MAX_CPU_ISA"]:
+        log.warning("train.bf16 under an AVX2 pin set outside: oneDNN emulates bfloat16, slower than float32")
+    else:
+        log.warning("train.bf16: oneDNN's bfloat16 kernels are out of reach in this process (a matmul ran "
+                    "before prepare_precision): torch's reference GEMM, several times slower than float32")
 
 
 def _raft(ctx: RunContext, cfg: TrainConfig, model, pairs, sft, groups):
@@ -128,15 +160,10 @@ def train(model, tokenizer, pairs: pd.DataFrame, sft: pd.DataFrame, groups: pd.D
     and, under FSDP, the gathered full state dict (None otherwise: the model's own weights are whole)."""
     chat = chat_format(model, tokenizer)  # before LoRA wraps it: the base's generation config
     device = next(model.parameters()).device
+    prepare_precision(cfg.bf16, device)  # the stage calls it before loading; here for callers that did not
     bf16 = bf16_on(cfg.bf16, device)
-    if bf16 and device.type == "cpu":
-        if not {"amx_bf16", "avx512_bf16"} & cpu_flags():
-            log.warning("train.bf16 on a CPU without bfloat16 instructions (amx_bf16, avx512_bf16): emulated, "
-                        "slower than float32")
-        elif allow_bf16_kernels():
-            log.info("train.bf16: oneDNN may use the CPU's bfloat16 kernels in this stage (the AVX2 pin lifted)")
-        elif os.environ.get("ONEDNN_MAX_CPU_ISA") == PINS["ONEDNN_MAX_CPU_ISA"]:
-            log.warning("train.bf16 under an AVX2 pin set outside: oneDNN emulates bfloat16, slower than float32")
+    if bf16:
+        _check_bf16(device)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
