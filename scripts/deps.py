@@ -1,34 +1,24 @@
-"""dvc.yaml's code dependencies, generated from what each stage imports.
-
-    python -m scripts.deps            # rewrite the code deps of dvc.yaml and configs/pipelines/comas.dvc.yaml
-    python -m scripts.deps --check    # exit 1, naming the stages, when a file is stale (tests/test_dag.py)
+"""dvc.yaml's code dependencies: what each stage imports (`python -m scripts.pipeline` writes them).
 
 A stage's code deps are its module, the packages above it, and every repository module it imports,
 directly or through other repository modules (with the packages above each: importing a module runs
 its packages' __init__.py first). A package whose modules are imported through its __init__
-(self_improve/config, tasks, judges) is declared as its folder. Only these lines of a stage's
-`deps:` are written: data, templates, params.yaml and the model folders stay as the file has them,
-comments and all, so an edit to a library module reruns exactly the stages that import it.
+(self_improve/config, tasks, judges) is declared as its folder. So an edit to a library module
+reruns exactly the stages that import it.
 """
 
 from __future__ import annotations
 
-import argparse
 import ast
 import functools
 import re
-import sys
 from pathlib import Path
-
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("self_improve", "stages")
-PIPELINES = ("dvc.yaml", "configs/pipelines/comas.dvc.yaml")  # the loop, and CoMAS's (installed as comas/dvc.yaml)
 FOLDERS = ("self_improve/config", "self_improve/tasks", "self_improve/judges")  # declared as a whole
 FIRST = ("stages/__init__.py", "self_improve/__init__.py", "self_improve/cpu.py")  # every stage's, in this order
 PLUGINS = "plugins"  # the user's modules that params.yaml's `plugins` imports: every stage's
-STAGE = re.compile(r"^  ([A-Za-z0-9_@-]+):(\s|$)")  # a stage's first line under `stages:`
 # a table's entries name their code as "module:function" strings, imported when a runner resolves them: a
 # stage whose closure holds a runner depends on the modules the table names (and what they import)
 TABLE_RUNNERS = {"self_improve/engines/engine.py": "self_improve/config/engines.py",
@@ -118,11 +108,6 @@ def imports(path: Path, root: Path = ROOT) -> set[str]:
     return seen
 
 
-def is_code(dep: str) -> bool:
-    """A deps entry this tool writes: a .py file of the packages, or one of FOLDERS."""
-    return dep in FOLDERS or dep == PLUGINS or (dep.split("/")[0] in PACKAGES and dep.endswith(".py"))
-
-
 def code_deps(module: str, root: Path = ROOT) -> list[str]:
     """The code deps of the stage that runs `python -m module`, in the order they are written."""
     path = root.joinpath(*module.split(".")).with_suffix(".py")
@@ -131,76 +116,3 @@ def code_deps(module: str, root: Path = ROOT) -> list[str]:
     folded = {next((f for f in FOLDERS if p.startswith(f + "/")), p) for p in found}
     rest = sorted(folded - {own, *FIRST})
     return [*FIRST, own, *rest, PLUGINS]
-
-
-def _stage_modules(text: str) -> dict[str, str]:
-    """{stage name: the module its cmd runs} of a pipeline file."""
-    out = {}
-    for name, spec in yaml.safe_load(text)["stages"].items():
-        out[name] = spec.get("do", spec)["cmd"].split()[2]
-    return out
-
-
-def _item(line: str) -> str:
-    return line.strip()[2:].split("#")[0].strip()
-
-
-def rewrite(text: str, root: Path = ROOT) -> str:
-    """The pipeline file `text` with every stage's code deps generated; every other line as it was."""
-    modules = _stage_modules(text)
-    lines = text.split("\n")
-    out: list[str] = []
-    stage = None
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        if (m := STAGE.match(line)) and m.group(1) in modules:
-            stage = m.group(1)
-        if line.strip() == "deps:" and stage is not None:
-            out.append(line)
-            indent = " " * (len(line) - len(line.lstrip()) + 2)
-            i += 1
-            items = []
-            while i < len(lines) and lines[i].startswith(indent + "- "):
-                items.append(lines[i])
-                i += 1
-            kept = [x for x in items if not is_code(_item(x))]
-            at = next((k for k, x in enumerate(items) if is_code(_item(x))), len(items))
-            before = [x for x in items[:at] if not is_code(_item(x))]
-            after = [x for x in kept if x not in before]
-            generated = [f"{indent}- {d}" + (f"  # {NOTES[d]}" if d in NOTES else "")
-                         for d in code_deps(modules[stage], root)]
-            out += before + generated + after
-            continue
-        out.append(line)
-        i += 1
-    return "\n".join(out)
-
-
-def stale(root: Path = ROOT) -> list[str]:
-    """The pipeline files whose code deps are not what the stages import."""
-    return [name for name in PIPELINES
-            if rewrite((root / name).read_text(), root) != (root / name).read_text()]
-
-
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m scripts.deps", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--check", action="store_true", help="only say which files are stale (exit 1 if any)")
-    args = ap.parse_args(argv)
-    if args.check:
-        if bad := stale():
-            sys.exit(f"stale code deps in {', '.join(bad)}: run `python -m scripts.deps`")
-        return
-    for name in PIPELINES:
-        path = ROOT / name
-        text = path.read_text()
-        new = rewrite(text)
-        if new != text:
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(new)
-            tmp.replace(path)
-            print(f"wrote {name}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,6 @@
-"""The thin shell every stage's main() shares: arguments, params, seeds, clean errors."""
+"""The thin shell every stage's main() shares: arguments, params, seeds, clean errors, and the declaration
+of a stage's inputs, outputs and params that both its argument parser and dvc.yaml are made from
+(`python -m scripts.pipeline` writes dvc.yaml from them)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import logging
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import Callable
 
 from self_improve.artifacts import provenance
@@ -78,6 +81,61 @@ def declared_values(params: Params, keys: tuple[str, ...]) -> dict:
             node = node[part]
         out[key] = node
     return out
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One command-line argument of a stage: a path it reads (role `in`) or writes (`out`, `metric`, `plot`:
+    how dvc.yaml lists it), a value (`value`: `--iteration`) or a switch. `cache` and `persist` are DVC's
+    options for an output; `note` is the comment dvc.yaml gives the path."""
+
+    flag: str
+    role: str = "in"
+    help: str = ""
+    required: bool = False
+    cache: bool = True
+    persist: bool = False
+    note: str = ""
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        if self.role == "switch":
+            parser.add_argument(self.flag, action="store_true", help=self.help)
+            return
+        where = f"{self.role}: " if self.role in ("in", "out") else ""
+        parser.add_argument(self.flag, required=self.required, help=f"{where}{self.help}" if self.help else None)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One stage of a DVC pipeline that runs the module: its name, each argument's value there (in the
+    order of its command line), `foreach` for a stage per iteration (`${loop}`), and the deps that are
+    not arguments (files the params name, folders read whole), each "path" or "path  # note"."""
+
+    name: str
+    args: dict[str, str]
+    foreach: str | None = None
+    note: str = ""
+    deps: tuple[str, ...] = ()
+    params: tuple[str, ...] | None = None  # None: the declaration's
+    wdir: str | None = None
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """A stage declared once: its arguments, the params keys it reads (None: the whole file, as a dep)
+    with an optional comment on each, and the pipeline stages that run it."""
+
+    args: tuple[Arg, ...]
+    params: tuple[str, ...] | None
+    runs: tuple[Run, ...] = ()
+    param_notes: dict[str, str] = field(default_factory=dict)
+
+    def add_args(self, parser: argparse.ArgumentParser) -> None:
+        for arg in self.args:
+            arg.add_to(parser)
+
+    def arg(self, flag: str) -> Arg:
+        return next(a for a in self.args if a.flag == flag)
 
 
 def run_stage(

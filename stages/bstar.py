@@ -10,20 +10,29 @@ import argparse
 
 from self_improve import artifacts as art
 from self_improve.bstar import off, sweep
-from self_improve.stage import derive_seed, run_stage, stage_provenance
 from self_improve.config import Params
+from self_improve.stage import Arg, Declaration, Run, derive_seed, run_stage, stage_provenance
 
 # the params keys this stage reads: dvc.yaml's params for it, and its provenance
 PARAMS = ("seed", "model", "task", "sample", "judge", "pairs.sft_min_reward", "security")
 
 
-def _args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--iteration", required=True)
-    p.add_argument("--prompts", required=True, help="in: this iteration's prompts")
-    p.add_argument("--model", required=True, help="in: the iteration's starting model")
-    p.add_argument("--base", help="in: the base model (it0) that adapter chains apply to")
-    p.add_argument("--engine", help="in: the model's engine dir (its CTranslate2 conversion)")
-    p.add_argument("--out", required=True, help="out: the chosen temperature and threshold (json)")
+DECLARATION = Declaration(
+    args=(
+        Arg("--iteration", "value", required=True),
+        Arg("--prompts", "in", "this iteration's prompts", required=True),
+        Arg("--model", "in", "the iteration's starting model", required=True),
+        Arg("--base", "in", "the base model (it0) that adapter chains apply to"),
+        Arg("--engine", "in", "the model's engine dir (its CTranslate2 conversion)"),
+        Arg("--out", "out", "the chosen temperature and threshold (json)", required=True),
+    ),
+    params=PARAMS,
+    runs=(Run("bstar", {
+        "--iteration": "${key}", "--prompts": "data/${key}/prompts.parquet", "--model": "data/${item.prev}/model",
+        "--base": "data/it0/model", "--engine": "data/${item.prev}/engine", "--out": "data/${key}/bstar.json"},
+        foreach="${loop}",
+        note="B-STaR: the iteration's temperature and RAFT threshold (off: the params' own, no model loaded)"),),
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -44,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
         choice["provenance"] = stage_provenance("bstar", args.iteration, params, PARAMS, [args.out])
         art.write_json(choice, args.out)
 
-    run_stage("bstar", _args, body, argv, reads=PARAMS)
+    run_stage("bstar", DECLARATION.add_args, body, argv, reads=PARAMS)
 
 
 if __name__ == "__main__":

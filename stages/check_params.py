@@ -14,15 +14,20 @@ from __future__ import annotations
 import argparse
 
 from self_improve import artifacts as art
-from self_improve.stage import derive_seed, run_stage
 from self_improve.config import Params
+from self_improve.stage import Arg, Declaration, Run, derive_seed, run_stage
 from self_improve.tasks import task_for
 
 MARKER = "params.yaml passed self_improve/config's checks; its bytes never depend on the params\n"
 
 
-def _args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", required=True, help="the marker every other stage depends on")
+DECLARATION = Declaration(
+    args=(Arg("--out", "out", "the marker every other stage depends on", required=True, persist=True,
+              note="constant bytes: a valid change invalidates nothing through it"),),
+    params=None,  # the whole file, declared as a dep
+    runs=(Run("check_params", {"--out": "data/params.ok"}, deps=("params.yaml",),
+              note="the whole params file, checked before any stage deletes its outputs"),),
+)
 
 
 def _body(args: argparse.Namespace, params: Params) -> None:
@@ -35,7 +40,7 @@ def _body(args: argparse.Namespace, params: Params) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_stage("check_params", _args, _body, argv)
+    run_stage("check_params", DECLARATION.add_args, _body, argv)
 
 
 if __name__ == "__main__":

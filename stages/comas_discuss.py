@@ -10,11 +10,11 @@ import argparse
 from self_improve import artifacts as art
 from self_improve.agents.discussion import TRANSCRIPTS, Problem, agent_metrics, discuss
 from self_improve.agents.roster import agent_model, problems
-from self_improve.stage import derive_seed, run_stage, stage_provenance
 from self_improve.config import Params
 from self_improve.engines.hf import SamplingSpec
 from self_improve.engines.sampler import open_sampler
 from self_improve.models.loading import set_threads
+from self_improve.stage import Arg, Declaration, Run, derive_seed, run_stage, stage_provenance
 from self_improve.tasks import task_for
 
 # the params keys this stage reads: comas/dvc.yaml's params for it, and its provenance
@@ -22,14 +22,23 @@ PARAMS = ("seed", "model", "task", "evolve", "agents", "sample.top_p", "sample.b
           "sample.gpu_memory_utilization", "sample.vllm", "sample.ct2", "security")
 
 
-def _args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--iteration", required=True)
-    p.add_argument("--agents", required=True, help="in: the previous iteration's agents")
-    p.add_argument("--base", required=True, help="in: the base model (it0) that adapter chains apply to")
-    p.add_argument("--heldout", required=True, help="in: held-out problems (never discussed)")
-    p.add_argument("--ttt", required=True, help="in: test-time problems")
-    p.add_argument("--out", required=True, help="out: the transcripts (parquet)")
-    p.add_argument("--metrics", required=True, help="out: the discussion's metrics per agent (json)")
+DECLARATION = Declaration(
+    args=(
+        Arg("--iteration", "value", required=True),
+        Arg("--agents", "in", "the previous iteration's agents", required=True),
+        Arg("--base", "in", "the base model (it0) that adapter chains apply to", required=True),
+        Arg("--heldout", "in", "held-out problems (never discussed)", required=True),
+        Arg("--ttt", "in", "test-time problems", required=True),
+        Arg("--out", "out", "the transcripts (parquet)", required=True),
+        Arg("--metrics", "out", "the discussion's metrics per agent (json)", required=True),
+    ),
+    params=PARAMS,
+    runs=(Run("comas_discuss", {
+        "--iteration": "${key}", "--agents": "data/comas/${item.prev}/agents", "--base": "data/it0/model",
+        "--heldout": "data/task/heldout.parquet", "--ttt": "data/task/ttt.parquet",
+        "--out": "data/comas/${key}/transcripts.parquet", "--metrics": "data/comas/${key}/discussion.json"},
+        foreach="${agents.loop}", wdir="..", deps=("models  # local base models live here (make smollm2)",)),),
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -59,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
         art.write_json({"iteration": args.iteration, "step": step, "problems": len(todo),
                         "agents": agent_metrics(df, cfg.n)}, args.metrics)
 
-    run_stage("comas_discuss", _args, body, argv, reads=PARAMS)
+    run_stage("comas_discuss", DECLARATION.add_args, body, argv, reads=PARAMS)
 
 
 if __name__ == "__main__":

@@ -13,11 +13,11 @@ import pyarrow as pa
 
 from self_improve import artifacts as art
 from self_improve.agents.roster import agent_model
-from self_improve.stage import derive_seed, run_stage, stage_provenance
 from self_improve.config import Params
 from self_improve.engines.sampler import open_sampler
 from self_improve.evaluation import gains, model_metrics
 from self_improve.models.loading import set_threads
+from self_improve.stage import Arg, Declaration, Run, derive_seed, run_stage, stage_provenance
 from self_improve.tasks import task_for
 
 # the params keys this stage reads: comas/dvc.yaml's params for it, and its provenance
@@ -28,17 +28,28 @@ PARAMS = ("seed", "model", "task", "evaluate", "agents.n", "agents.loop", "sampl
 EVAL = pa.schema([*art.EVAL, ("agent", pa.int64())])
 
 
-def _args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--iteration", required=True)
-    p.add_argument("--agents", required=True, help="in: this iteration's agents")
-    p.add_argument("--base", required=True, help="in: the base model (it0) that adapter chains apply to")
-    p.add_argument("--heldout", required=True)
-    p.add_argument("--ttt", required=True)
-    p.add_argument("--base-eval", required=True, help="in: it0's answers to the same problems (evaluate_base)")
-    p.add_argument("--discussion", required=True, help="in: the discussion's metrics (json)")
-    p.add_argument("--train-metrics", required=True, help="in: the training metrics (json)")
-    p.add_argument("--eval-out", required=True, help="out: each agent's greedy answers (parquet)")
-    p.add_argument("--out", required=True, help="out: the iteration's metrics per agent (json)")
+DECLARATION = Declaration(
+    args=(
+        Arg("--iteration", "value", required=True),
+        Arg("--agents", "in", "this iteration's agents", required=True),
+        Arg("--base", "in", "the base model (it0) that adapter chains apply to", required=True),
+        Arg("--heldout", "in", "held-out problems", required=True),
+        Arg("--ttt", "in", "test-time problems", required=True),
+        Arg("--base-eval", "in", "it0's answers to the same problems (evaluate_base)", required=True),
+        Arg("--discussion", "in", "the discussion's metrics (json)", required=True),
+        Arg("--train-metrics", "in", "the training metrics (json)", required=True),
+        Arg("--eval-out", "out", "each agent's greedy answers (parquet)", required=True),
+        Arg("--out", "out", "the iteration's metrics per agent (json)", required=True, cache=False),
+    ),
+    params=PARAMS,
+    runs=(Run("comas_evaluate", {
+        "--iteration": "${key}", "--agents": "data/comas/${key}/agents", "--base": "data/it0/model",
+        "--heldout": "data/task/heldout.parquet", "--ttt": "data/task/ttt.parquet",
+        "--base-eval": "data/it0/eval.parquet", "--discussion": "data/comas/${key}/discussion.json",
+        "--train-metrics": "data/comas/${key}/train.json", "--eval-out": "data/comas/${key}/eval.parquet",
+        "--out": "reports/comas/iterations/${key}/metrics.json"}, foreach="${agents.loop}", wdir="..",
+        deps=("models",)),),
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -70,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
                         "agents": {k: {n: v for n, v in m.items() if v is not None} for k, m in per_agent.items()}},
                        args.out)
 
-    run_stage("comas_evaluate", _args, body, argv, reads=PARAMS)
+    run_stage("comas_evaluate", DECLARATION.add_args, body, argv, reads=PARAMS)
 
 
 if __name__ == "__main__":

@@ -14,17 +14,24 @@ from pathlib import Path
 
 from self_improve.agents.roster import write_start
 from self_improve.chat import ChatFormat
-from self_improve.stage import run_stage, stage_provenance
 from self_improve.config import ConfigError, Params
 from self_improve.models.base import base_location, read_record
+from self_improve.stage import Arg, Declaration, Run, run_stage, stage_provenance
 
 # the params keys this stage reads: comas/dvc.yaml's params for it, and its provenance
 PARAMS = ("model", "agents.n", "security")
 
 
-def _args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--base", required=True, help="in: the base model (it0), as prepare recorded it")
-    p.add_argument("--out", required=True, help="out: it0's agents (each one the base model)")
+DECLARATION = Declaration(
+    args=(
+        Arg("--base", "in", "the base model (it0), as prepare recorded it", required=True),
+        Arg("--out", "out", "it0's agents (each one the base model)", required=True),
+    ),
+    params=PARAMS,
+    runs=(Run("comas_init", {"--base": "data/it0/model", "--out": "data/comas/it0/agents"}, wdir="..",
+              deps=("models  # local base models live here (make smollm2): the chat template is read there",),
+              note="refuses a model without a chat template (model.base) before any stage here runs"),),
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -39,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
             raise ConfigError(f"model.base: {params.model.base} has no chat template; CoMAS needs a chat model")
         write_start(args.out, params.agents.n, stage_provenance("comas_init", "it0", params, PARAMS, [args.out]))
 
-    run_stage("comas_init", _args, body, argv, reads=PARAMS)
+    run_stage("comas_init", DECLARATION.add_args, body, argv, reads=PARAMS)
 
 
 if __name__ == "__main__":

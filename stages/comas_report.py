@@ -11,8 +11,8 @@ from pathlib import Path
 
 from self_improve import artifacts as art
 from self_improve.agents.report import summary_frame, summary_markdown
-from self_improve.stage import run_stage
 from self_improve.config import Params, flatten
+from self_improve.stage import Arg, Declaration, Run, run_stage
 from self_improve.tracking import IterationRecord, LoopRecord, make_tracker, run_identity
 
 log = logging.getLogger(__name__)
@@ -21,11 +21,18 @@ log = logging.getLogger(__name__)
 PARAMS = ("seed", "model.base", "task.name", "agents", "train.algorithm", "tracking")
 
 
-def _args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--base-metrics", required=True, help="in: it0's metrics (evaluate_base)")
-    p.add_argument("--iterations", required=True, help="in: the directory of <it>/metrics.json")
-    p.add_argument("--summary", required=True, help="out: markdown summary")
-    p.add_argument("--table", required=True, help="out: per agent and iteration CSV")
+DECLARATION = Declaration(
+    args=(
+        Arg("--base-metrics", "in", "it0's metrics (evaluate_base)", required=True),
+        Arg("--iterations", "in", "the directory of <it>/metrics.json", required=True),
+        Arg("--summary", "out", "markdown summary", required=True, cache=False),
+        Arg("--table", "out", "per agent and iteration CSV", required=True, cache=False),
+    ),
+    params=PARAMS,
+    runs=(Run("comas_report", {
+        "--base-metrics": "reports/iterations/it0/metrics.json", "--iterations": "reports/comas/iterations",
+        "--summary": "reports/comas/summary.md", "--table": "reports/comas/agents.csv"}, wdir=".."),),
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -55,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
                 log.info("MLflow run %s (%s)", run_id, agent)
         print(Path(args.summary).read_text())
 
-    run_stage("comas_report", _args, body, argv, reads=PARAMS)
+    run_stage("comas_report", DECLARATION.add_args, body, argv, reads=PARAMS)
 
 
 if __name__ == "__main__":

@@ -15,9 +15,9 @@ import torch
 from self_improve import artifacts as art
 from self_improve.agents.discussion import TRANSCRIPTS, buffer
 from self_improve.agents.roster import agent_dir, agent_model
-from self_improve.stage import derive_seed, run_stage, stage_provenance
 from self_improve.config import ConfigError, Params
 from self_improve.models.loading import load_model, save_adapter_chain, set_threads
+from self_improve.stage import Arg, Declaration, Run, derive_seed, run_stage, stage_provenance
 from self_improve.training.iteration import prepare_precision, train
 
 log = logging.getLogger(__name__)
@@ -26,13 +26,21 @@ log = logging.getLogger(__name__)
 PARAMS = ("seed", "model", "train", "agents.n", "security")
 
 
-def _args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--iteration", required=True)
-    p.add_argument("--agents", required=True, help="in: the previous iteration's agents")
-    p.add_argument("--base", required=True, help="in: the base model (it0) that adapter chains apply to")
-    p.add_argument("--transcripts", required=True, help="in: this iteration's discussions")
-    p.add_argument("--out", required=True, help="out: this iteration's agents (an adapter chain each)")
-    p.add_argument("--metrics", required=True, help="out: training metrics per agent (json)")
+DECLARATION = Declaration(
+    args=(
+        Arg("--iteration", "value", required=True),
+        Arg("--agents", "in", "the previous iteration's agents", required=True),
+        Arg("--base", "in", "the base model (it0) that adapter chains apply to", required=True),
+        Arg("--transcripts", "in", "this iteration's discussions", required=True),
+        Arg("--out", "out", "this iteration's agents (an adapter chain each)", required=True),
+        Arg("--metrics", "out", "training metrics per agent (json)", required=True),
+    ),
+    params=PARAMS,
+    runs=(Run("comas_train", {
+        "--iteration": "${key}", "--agents": "data/comas/${item.prev}/agents", "--base": "data/it0/model",
+        "--transcripts": "data/comas/${key}/transcripts.parquet", "--out": "data/comas/${key}/agents",
+        "--metrics": "data/comas/${key}/train.json"}, foreach="${agents.loop}", wdir="..", deps=("models",)),),
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -63,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         log.info("trained %s", ", ".join(f"{a} on {m['train_examples']} outputs" for a, m in metrics.items()))
         art.write_json({"iteration": args.iteration, "agents": metrics}, args.metrics)
 
-    run_stage("comas_train", _args, body, argv, reads=PARAMS)
+    run_stage("comas_train", DECLARATION.add_args, body, argv, reads=PARAMS)
 
 
 if __name__ == "__main__":

@@ -16,9 +16,9 @@ import json
 import logging
 
 from self_improve import artifacts as art
-from self_improve.stage import run_stage, stage_provenance
 from self_improve.config import Params
 from self_improve.engines.engine import prepare
+from self_improve.stage import Arg, Declaration, Run, run_stage, stage_provenance
 
 log = logging.getLogger(__name__)
 
@@ -27,11 +27,23 @@ log = logging.getLogger(__name__)
 PARAMS = ("model", "sample.backend", "security")
 
 
-def _args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--iteration", required=True)
-    p.add_argument("--model", required=True, help="in: the iteration's model")
-    p.add_argument("--base", help="in: the base model (it0) that adapter chains apply to")
-    p.add_argument("--out", required=True, help="out: the engine dir (engine.json, and the converted model)")
+DECLARATION = Declaration(
+    args=(
+        Arg("--iteration", "value", required=True),
+        Arg("--model", "in", "the iteration's model", required=True),
+        Arg("--base", "in", "the base model (it0) that adapter chains apply to"),
+        Arg("--out", "out", "the engine dir (engine.json, and the converted model)", required=True),
+    ),
+    params=PARAMS,
+    runs=(
+        Run("engine_base", {"--iteration": "it0", "--model": "data/it0/model", "--base": "data/it0/model",
+                            "--out": "data/it0/engine"},
+            note="it0's model made ready for the inference engine (the CTranslate2 conversion)"),
+        Run("engine", {"--iteration": "${key}", "--model": "data/${key}/model", "--base": "data/it0/model",
+                       "--out": "data/${key}/engine"}, foreach="${loop}",
+            note="each iteration's model converted once, for every stage that samples or evaluates it"),
+    ),
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -45,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
             (tmp / "provenance.json").write_text(json.dumps(prov, indent=2, sort_keys=True) + "\n")
         log.info("%s: %s", args.out, record)
 
-    run_stage("engine", _args, body, argv, reads=PARAMS)
+    run_stage("engine", DECLARATION.add_args, body, argv, reads=PARAMS)
 
 
 if __name__ == "__main__":

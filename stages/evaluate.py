@@ -11,7 +11,6 @@ import pandas as pd
 
 from self_improve import artifacts as art
 from self_improve import choice
-from self_improve.stage import derive_seed, note_timing, run_stage, stage_provenance
 from self_improve.config import (
     ConfigError,
     FrozenJudge,
@@ -40,6 +39,7 @@ from self_improve.judges import (
 )
 from self_improve.judges.rubric import load_template
 from self_improve.models.loading import load_model, set_threads
+from self_improve.stage import Arg, Declaration, Run, derive_seed, note_timing, run_stage, stage_provenance
 from self_improve.stopping import STOPPED
 from self_improve.tasks import answer_stop, task_for
 from self_improve.tracking import log_as_it_ends
@@ -59,30 +59,59 @@ PARAMS = (
 MAJ = ("maj_accuracy", "maj_accuracy_se")  # model_metrics' sampled metrics (evaluate.k)
 
 
-def _args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--iteration", required=True)
-    p.add_argument("--model", required=True, help="in: the model to evaluate")
-    p.add_argument("--base", help="in: the base model (it0) that adapter chains apply to")
-    p.add_argument("--engine", help="in: the model's engine dir (its CTranslate2 conversion)")
-    p.add_argument("--heldout", required=True)
-    p.add_argument("--ttt", required=True)
-    p.add_argument("--train-metrics", required=True, help="in: training metrics of this model")
-    p.add_argument("--judgments", help="in: the iteration's judgments (not for it0)")
-    p.add_argument("--pairs", help="in: the iteration's pairs (not for it0)")
-    p.add_argument("--sft", help="in: the iteration's best samples (not for it0)")
-    p.add_argument("--prev-model", help="in: the previous model (prompt files: win rate against it)")
-    p.add_argument("--prompts", help="in: the iteration's prompts (not for it0)")
-    p.add_argument("--eval-out", help="out: each problem's greedy answer (parquet)")
-    p.add_argument("--bstar", help="in: the bstar stage's choice, reported beside the iteration's metrics")
-    p.add_argument("--base-eval", help="in: it0's answers to the same problems: gains with paired intervals")
-    p.add_argument("--stop", help="in: whether the loop stopped before this iteration (evolve's stop.json)")
-    p.add_argument("--prev-eval", help="in: the previous iteration's answers (eval.parquet): a stopped "
-                                       "iteration's model is that one, so its greedy answers are given again")
-    p.add_argument("--prev-history", help="in: the metrics of it0 .. the previous iteration (history.json)")
-    p.add_argument("--history", help="out: those and this iteration's metrics (history.json: the next "
-                                     "iteration's evolve reads it to decide whether the loop stops)")
-    p.add_argument("--out", required=True, help="out: metrics.json")
-    p.add_argument("--examples", help="out: examples.json, what the report shows of the iteration (not for it0)")
+JUDGE_TEMPLATES = ("${judge.template}  # the rubric the params name",
+                   "${judge.correct_template}  # judge.frozen: the base model's P(Yes) for each answer")
+DECLARATION = Declaration(
+    args=(
+        Arg("--iteration", "value", required=True),
+        Arg("--model", "in", "the model to evaluate", required=True),
+        Arg("--base", "in", "the base model (it0) that adapter chains apply to"),
+        Arg("--engine", "in", "the model's engine dir (its CTranslate2 conversion)"),
+        Arg("--heldout", "in", "held-out problems", required=True),
+        Arg("--ttt", "in", "test-time problems", required=True),
+        Arg("--train-metrics", "in", "training metrics of this model", required=True),
+        Arg("--judgments", "in", "the iteration's judgments (not for it0)"),
+        Arg("--pairs", "in", "the iteration's pairs (not for it0)"),
+        Arg("--sft", "in", "the iteration's best samples (not for it0)"),
+        Arg("--prev-model", "in", "the previous model (prompt files: win rate against it)"),
+        Arg("--prompts", "in", "the iteration's prompts (not for it0)"),
+        Arg("--eval-out", "out", "each problem's greedy answer (parquet)",
+            note="each problem's greedy answer: later iterations compare with it"),
+        Arg("--bstar", "in", "the bstar stage's choice, reported beside the iteration's metrics"),
+        Arg("--base-eval", "in", "it0's answers to the same problems: gains with paired intervals"),
+        Arg("--stop", "in", "whether the loop stopped before this iteration (evolve's stop.json)"),
+        Arg("--prev-eval", "in", "the previous iteration's answers (eval.parquet): a stopped iteration's model "
+            "is that one, so its greedy answers are given again",
+            note="a stopped iteration's answers are its predecessor's"),
+        Arg("--prev-history", "in", "the metrics of it0 .. the previous iteration (history.json)"),
+        Arg("--history", "out", "those and this iteration's metrics (history.json: the next iteration's evolve "
+            "reads it to decide whether the loop stops)", note="the metrics so far: what the next evolve reads for the stop"),
+        Arg("--out", "metric", "metrics.json", required=True, cache=False),
+        Arg("--examples", "out", "examples.json, what the report shows of the iteration (not for it0)", cache=False),
+    ),
+    params=PARAMS,
+    runs=(
+        Run("evaluate_base", {
+            "--iteration": "it0", "--model": "data/it0/model", "--engine": "data/it0/engine",
+            "--heldout": "data/task/heldout.parquet", "--ttt": "data/task/ttt.parquet",
+            "--train-metrics": "data/it0/train_metrics.json", "--eval-out": "data/it0/eval.parquet",
+            "--history": "data/it0/history.json", "--out": "reports/iterations/it0/metrics.json"},
+            deps=JUDGE_TEMPLATES[1:], params=BASE_PARAMS),
+        Run("evaluate", {
+            "--iteration": "${key}", "--model": "data/${key}/model", "--base": "data/it0/model",
+            "--engine": "data/${key}/engine", "--heldout": "data/task/heldout.parquet",
+            "--ttt": "data/task/ttt.parquet", "--train-metrics": "data/${key}/train_metrics.json",
+            "--judgments": "data/${key}/judgments.parquet", "--pairs": "data/${key}/pairs.parquet",
+            "--sft": "data/${key}/sft.parquet", "--prev-model": "data/${item.prev}/model",
+            "--prompts": "data/${key}/prompts.parquet", "--base-eval": "data/it0/eval.parquet",
+            "--bstar": "data/${key}/bstar.json", "--eval-out": "data/${key}/eval.parquet",
+            "--stop": "data/${key}/stop.json", "--prev-eval": "data/${item.prev}/eval.parquet",
+            "--prev-history": "data/${item.prev}/history.json", "--history": "data/${key}/history.json",
+            "--out": "reports/iterations/${key}/metrics.json",
+            "--examples": "reports/iterations/${key}/examples.json"},
+            foreach="${loop}", deps=JUDGE_TEMPLATES),
+    ),
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -171,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
         log_as_it_ends(args.params, args.iteration, step, metrics)
         note_timing("tracking_seconds", time.perf_counter() - started)
 
-    run_stage("evaluate", _args, body, argv,
+    run_stage("evaluate", DECLARATION.add_args, body, argv,
               reads=lambda args: BASE_PARAMS if args.iteration == "it0" else PARAMS)
 
 

@@ -8,10 +8,10 @@ import argparse
 from pathlib import Path
 
 from self_improve import artifacts as art
-from self_improve.stage import derive_seed, run_stage, stage_provenance
 from self_improve.config import EvolveStrategy, Params
 from self_improve.curriculum import BanditState
 from self_improve.evolution import model_writer, next_curriculum
+from self_improve.stage import Arg, Declaration, Run, derive_seed, run_stage, stage_provenance
 from self_improve.stopping import decide
 from self_improve.tasks import ProposeInput, task_for
 
@@ -22,21 +22,33 @@ PARAMS = (
 )
 
 
-def _args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--iteration", required=True)
-    p.add_argument("--ttt", required=True, help="in: test-time problems")
-    p.add_argument("--heldout", required=True, help="in: held-out problems (never posed)")
-    p.add_argument("--prev-judgments", required=True, help="in: previous iteration's judgments")
-    p.add_argument("--seed-data", required=True, help="in: the base model's SFT data (SPIN's references)")
-    p.add_argument("--prev-curriculum", required=True,
-                   help="in: the bandit state after the previous iteration")
-    p.add_argument("--model", required=True,
-                   help="in: the iteration's starting model (it rewrites prompts of a prompt file)")
-    p.add_argument("--base", help="in: the base model (it0) that adapter chains apply to")
-    p.add_argument("--out", required=True, help="out: this iteration's prompts")
-    p.add_argument("--curriculum", required=True, help="out: the bandit state of this iteration (json)")
-    p.add_argument("--history", help="in: the metrics of it0 .. the previous iteration (evaluate's history.json)")
-    p.add_argument("--stop", help="out: whether the loop has stopped before this iteration, and why (json)")
+DECLARATION = Declaration(
+    args=(
+        Arg("--iteration", "value", required=True),
+        Arg("--ttt", "in", "test-time problems", required=True),
+        Arg("--heldout", "in", "held-out problems (never posed)", required=True),
+        Arg("--prev-judgments", "in", "previous iteration's judgments", required=True),
+        Arg("--seed-data", "in", "the base model's SFT data (SPIN's references)", required=True),
+        Arg("--prev-curriculum", "in", "the bandit state after the previous iteration", required=True),
+        Arg("--model", "in", "the iteration's starting model (it rewrites prompts of a prompt file)", required=True),
+        Arg("--base", "in", "the base model (it0) that adapter chains apply to"),
+        Arg("--out", "out", "this iteration's prompts", required=True),
+        Arg("--curriculum", "out", "the bandit state of this iteration (json)", required=True),
+        Arg("--history", "in", "the metrics of it0 .. the previous iteration (evaluate's history.json)",
+            note="the metrics so far: whether the loop stops here"),
+        Arg("--stop", "out", "whether the loop has stopped before this iteration, and why (json)"),
+    ),
+    params=PARAMS,
+    runs=(Run("evolve", {
+        "--iteration": "${key}", "--ttt": "data/task/ttt.parquet", "--heldout": "data/task/heldout.parquet",
+        "--prev-judgments": "data/${item.prev}/judgments.parquet", "--seed-data": "data/task/seed.parquet",
+        "--prev-curriculum": "data/${item.prev}/curriculum.json", "--model": "data/${item.prev}/model",
+        "--base": "data/it0/model", "--history": "data/${item.prev}/history.json",
+        "--stop": "data/${key}/stop.json", "--out": "data/${key}/prompts.parquet",
+        "--curriculum": "data/${key}/curriculum.json"},
+        foreach="${loop}",
+        deps=("self_improve/templates/rewrite_prompt.txt", "self_improve/templates/paraphrase_prompt.txt")),),
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -80,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
         prov.update({"seed_prompts": n_seed, "rewrites_for_judge": inp.rewrites, **inp.stats})
         art.write_table(df, args.out, art.PROMPTS, prov)
 
-    run_stage("evolve", _args, body, argv, reads=PARAMS)
+    run_stage("evolve", DECLARATION.add_args, body, argv, reads=PARAMS)
 
 
 if __name__ == "__main__":

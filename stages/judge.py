@@ -13,9 +13,9 @@ import argparse
 import logging
 
 from self_improve import artifacts as art
-from self_improve.stage import derive_seed, run_stage, stage_provenance
 from self_improve.config import Params
 from self_improve.judges import ModelHandle, context, judge_quality, judge_samples, needs
+from self_improve.stage import Arg, Declaration, Run, derive_seed, run_stage, stage_provenance
 from self_improve.tasks import task_for
 
 log = logging.getLogger(__name__)
@@ -28,14 +28,22 @@ PARAMS = (
 )
 
 
-def _args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--iteration", required=True)
-    p.add_argument("--samples", required=True, help="in: samples (parquet)")
-    p.add_argument("--model", required=True, help="in: the model that wrote the samples")
-    p.add_argument("--base", help="in: the base model (it0) that adapter chains apply to")
-    p.add_argument("--ref-model", required=True,
-                   help="in: the model before it (for it1: the base before its warm-up)")
-    p.add_argument("--out", required=True, help="out: judgments (parquet)")
+DECLARATION = Declaration(
+    args=(
+        Arg("--iteration", "value", required=True),
+        Arg("--samples", "in", "samples (parquet)", required=True),
+        Arg("--model", "in", "the model that wrote the samples", required=True),
+        Arg("--base", "in", "the base model (it0) that adapter chains apply to"),
+        Arg("--ref-model", "in", "the model before it (for it1: the base before its warm-up)", required=True),
+        Arg("--out", "out", "judgments (parquet)", required=True),
+    ),
+    params=PARAMS,
+    runs=(Run("judge", {
+        "--iteration": "${key}", "--samples": "data/${key}/samples.parquet", "--model": "data/${item.prev}/model",
+        "--ref-model": "data/${item.ref}/model", "--base": "data/it0/model", "--out": "data/${key}/judgments.parquet"},
+        foreach="${loop}",
+        deps=("${judge.template}  # the rubric the params name", "${judge.correct_template}")),),
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -73,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
         prov["min_share"] = cfg.min_share  # the gate in force at this iteration (judge.min_share_step)
         art.write_table(df, args.out, art.JUDGMENTS, prov)
 
-    run_stage("judge", _args, body, argv, reads=PARAMS)
+    run_stage("judge", DECLARATION.add_args, body, argv, reads=PARAMS)
 
 
 if __name__ == "__main__":

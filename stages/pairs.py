@@ -6,21 +6,29 @@ from __future__ import annotations
 import argparse
 
 from self_improve import artifacts as art
-from self_improve.stage import derive_seed, run_stage, stage_provenance
 from self_improve.config import Params
 from self_improve.pairs import build, groups, spin_pairs
+from self_improve.stage import Arg, Declaration, Run, derive_seed, run_stage, stage_provenance
 
 # the params keys this stage reads: dvc.yaml's params for it, and its provenance
 PARAMS = ("seed", "pairs", "train.algorithm")
 
 
-def _args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--iteration", required=True)
-    p.add_argument("--judgments", required=True, help="in: judgments (parquet)")
-    p.add_argument("--pairs", required=True, help="out: preference pairs (parquet)")
-    p.add_argument("--sft", required=True, help="out: best-judged samples (parquet)")
-    p.add_argument("--groups", required=True, help="out: GRPO groups with advantages (parquet)")
-    p.add_argument("--bstar", help="in: the bstar stage's choice (its threshold is RAFT's); none: pairs.sft_min_reward")
+DECLARATION = Declaration(
+    args=(
+        Arg("--iteration", "value", required=True),
+        Arg("--judgments", "in", "judgments (parquet)", required=True),
+        Arg("--pairs", "out", "preference pairs (parquet)", required=True),
+        Arg("--sft", "out", "best-judged samples (parquet)", required=True),
+        Arg("--groups", "out", "GRPO groups with advantages (parquet)", required=True),
+        Arg("--bstar", "in", "the bstar stage's choice (its threshold is RAFT's); none: pairs.sft_min_reward"),
+    ),
+    params=PARAMS,
+    runs=(Run("pairs", {
+        "--iteration": "${key}", "--judgments": "data/${key}/judgments.parquet", "--pairs": "data/${key}/pairs.parquet",
+        "--sft": "data/${key}/sft.parquet", "--groups": "data/${key}/groups.parquet", "--bstar": "data/${key}/bstar.json"},
+        foreach="${loop}"),),
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -42,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
         art.write_table(best, args.sft, art.SFT, prov)
         art.write_table(groups(judgments, cfg.penalty), args.groups, art.GROUPS, prov)
 
-    run_stage("pairs", _args, body, argv, reads=PARAMS)
+    run_stage("pairs", DECLARATION.add_args, body, argv, reads=PARAMS)
 
 
 if __name__ == "__main__":

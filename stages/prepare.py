@@ -8,7 +8,6 @@ import argparse
 import logging
 
 from self_improve import artifacts as art
-from self_improve.stage import run_stage, stage_provenance
 from self_improve.config import Params
 from self_improve.curriculum import initial_state
 from self_improve.models.loading import (
@@ -17,6 +16,7 @@ from self_improve.models.loading import (
     write_base_record,
 )
 from self_improve.preparation import prepare
+from self_improve.stage import Arg, Declaration, Run, run_stage, stage_provenance
 
 log = logging.getLogger(__name__)
 
@@ -24,15 +24,28 @@ log = logging.getLogger(__name__)
 PARAMS = ("seed", "model", "task", "prepare", "security")
 
 
-def _args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--heldout", required=True, help="out: held-out eval set (parquet)")
-    p.add_argument("--ttt", required=True, help="out: test-time eval set (parquet)")
-    p.add_argument("--seed-data", required=True, help="out: the base model's SFT data (parquet)")
-    p.add_argument("--model", required=True, help="out: base model directory")
-    p.add_argument("--init-model", required=True, help="out: the base model before its warm-up")
-    p.add_argument("--judgments", required=True, help="out: iteration 0's (empty) judgments")
-    p.add_argument("--metrics", required=True, help="out: base training metrics (json)")
-    p.add_argument("--curriculum", required=True, help="out: the initial curriculum bandit state (json)")
+DECLARATION = Declaration(
+    args=(
+        Arg("--heldout", "out", "held-out eval set (parquet)", required=True),
+        Arg("--ttt", "out", "test-time eval set (parquet)", required=True),
+        Arg("--seed-data", "out", "the base model's SFT data (parquet)", required=True),
+        Arg("--model", "out", "base model directory", required=True),
+        Arg("--init-model", "out", "the base model before its warm-up", required=True),
+        Arg("--judgments", "out", "iteration 0's (empty) judgments", required=True),
+        Arg("--metrics", "out", "base training metrics (json)", required=True),
+        Arg("--curriculum", "out", "the initial curriculum bandit state (json)", required=True),
+    ),
+    params=PARAMS,
+    param_notes={"security": "model.base checks (trust_remote_code, hub downloads)"},
+    runs=(Run("prepare", {
+        "--heldout": "data/task/heldout.parquet", "--ttt": "data/task/ttt.parquet",
+        "--seed-data": "data/task/seed.parquet", "--model": "data/it0/model", "--init-model": "data/init/model",
+        "--judgments": "data/it0/judgments.parquet", "--metrics": "data/it0/train_metrics.json",
+        "--curriculum": "data/it0/curriculum.json"},
+        deps=("${task.prompt_file}",
+              "data/inputs  # the input data and the user's task files (task.heldout_file): a changed file reruns prepare",
+              "models  # local base models live here (make smollm2): a changed base reruns prepare")),),
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -55,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
             save_model(out.model, out.tokenizer, args.model, prov)
             save_model(out.init_model, out.tokenizer, args.init_model, prov)
 
-    run_stage("prepare", _args, body, argv, reads=PARAMS)
+    run_stage("prepare", DECLARATION.add_args, body, argv, reads=PARAMS)
 
 
 if __name__ == "__main__":

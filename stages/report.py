@@ -14,11 +14,11 @@ import pandas as pd
 
 from self_improve import artifacts as art
 from self_improve.choice import recommend
-from self_improve.stage import note_timing, run_stage
 from self_improve.config import ConfigError, Params, flatten
 from self_improve.errors import PipelineError
 from self_improve.iterations import history, load_iterations
 from self_improve.reporting import COLUMNS, alarms, plot, summary_markdown
+from self_improve.stage import Arg, Declaration, Run, note_timing, run_stage
 from self_improve.tracking import IterationRecord, LoopRecord, NoOpTracker, loop_key, make_tracker, numeric, run_identity
 
 log = logging.getLogger(__name__)
@@ -27,15 +27,24 @@ log = logging.getLogger(__name__)
 PARAMS = ("seed", "loop", "tracking", "judge", "train.algorithm", "sample.k", "stop")  # judge: the summary names the rule
 
 
-def _args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--iterations", required=True,
-                   help="in: the directory of <it>/metrics.json (it0 and each loop iteration) and <it>/examples.json")
-    p.add_argument("--summary", required=True, help="out: markdown summary")
-    p.add_argument("--figures", required=True, help="out: directory of PNG plots")
-    p.add_argument("--table", required=True, help="out: per-iteration CSV for `dvc plots show`")
-    p.add_argument("--resend", action="store_true",
-                   help="only log the loop to MLflow again, from the outputs already written (after a "
-                        "tracking failure); nothing is rewritten")
+DECLARATION = Declaration(
+    args=(
+        Arg("--iterations", "in", "the directory of <it>/metrics.json (it0 and each loop iteration) and "
+            "<it>/examples.json", required=True),
+        Arg("--summary", "out", "markdown summary", required=True, cache=False),
+        Arg("--figures", "out", "directory of PNG plots", required=True, cache=False),
+        Arg("--table", "plot", "per-iteration CSV for `dvc plots show`", required=True, cache=False),
+        Arg("--resend", "switch", "only log the loop to MLflow again, from the outputs already written (after a "
+            "tracking failure); nothing is rewritten"),
+    ),
+    params=PARAMS,
+    param_notes={"judge": "the summary names the rule: every judge key", "stop": "the summary says where the loop stopped"},
+    runs=(Run("report", {
+        "--iterations": "reports/iterations", "--summary": "reports/summary.md", "--figures": "reports/figures",
+        "--table": "reports/iterations.csv"},
+        note="every iteration's metrics and examples sit in reports/iterations/<it>/ (the evaluate stages' "
+             "outputs): one dependency, and the report reads it0 and the iterations params.yaml's loop names"),),
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -101,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
         if alarm:  # last, so it is what `dvc repro` ends on
             print("REWARD-HACKING ALARM:\n" + "\n".join(f"  {a}" for a in alarm))
 
-    run_stage("report", _args, body, argv, reads=PARAMS)
+    run_stage("report", DECLARATION.add_args, body, argv, reads=PARAMS)
 
 
 if __name__ == "__main__":

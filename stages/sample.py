@@ -7,11 +7,11 @@ from __future__ import annotations
 import argparse
 
 from self_improve import artifacts as art
-from self_improve.stage import derive_seed, run_stage, stage_provenance
 from self_improve.config import Params
 from self_improve.engines.sampler import open_sampler
 from self_improve.models.loading import set_threads
 from self_improve.sampling import sample
+from self_improve.stage import Arg, Declaration, Run, derive_seed, run_stage, stage_provenance
 from self_improve.tasks import task_for
 
 # the params keys this stage reads: dvc.yaml's params for it, and its provenance (the judge's keys that
@@ -20,14 +20,22 @@ PARAMS = ("seed", "model", "task", "sample", "security", "judge.method", "judge.
           "judge.validity", "judge.restates", "judge.cross_view", "judge.frozen")
 
 
-def _args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--iteration", required=True)
-    p.add_argument("--prompts", required=True, help="in: this iteration's prompts")
-    p.add_argument("--model", required=True, help="in: the iteration's starting model")
-    p.add_argument("--base", help="in: the base model (it0) that adapter chains apply to")
-    p.add_argument("--engine", help="in: the model's engine dir (its CTranslate2 conversion)")
-    p.add_argument("--bstar", help="in: the bstar stage's choice (its temperature is used); none: sample.temperature")
-    p.add_argument("--out", required=True, help="out: samples (parquet)")
+DECLARATION = Declaration(
+    args=(
+        Arg("--iteration", "value", required=True),
+        Arg("--prompts", "in", "this iteration's prompts", required=True),
+        Arg("--model", "in", "the iteration's starting model", required=True),
+        Arg("--base", "in", "the base model (it0) that adapter chains apply to"),
+        Arg("--engine", "in", "the model's engine dir (its CTranslate2 conversion)"),
+        Arg("--bstar", "in", "the bstar stage's choice (its temperature is used); none: sample.temperature"),
+        Arg("--out", "out", "samples (parquet)", required=True),
+    ),
+    params=PARAMS,
+    runs=(Run("sample", {
+        "--iteration": "${key}", "--prompts": "data/${key}/prompts.parquet", "--model": "data/${item.prev}/model",
+        "--base": "data/it0/model", "--engine": "data/${item.prev}/engine", "--bstar": "data/${key}/bstar.json",
+        "--out": "data/${key}/samples.parquet"}, foreach="${loop}"),),
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -51,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
             prov["compute_type"] = sampler.compute_type
         art.write_table(df, args.out, art.SAMPLES, prov)
 
-    run_stage("sample", _args, body, argv, reads=PARAMS)
+    run_stage("sample", DECLARATION.add_args, body, argv, reads=PARAMS)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ import logging
 import sys
 
 from self_improve import artifacts as art
-from self_improve.stage import derive_seed, note_timing, run_stage, stage_provenance
 from self_improve.config import Params
 from self_improve.distributed import make_accelerator, relaunch
 from self_improve.models.loading import (
@@ -18,6 +17,7 @@ from self_improve.models.loading import (
     save_model,
     set_threads,
 )
+from self_improve.stage import Arg, Declaration, Run, derive_seed, note_timing, run_stage, stage_provenance
 from self_improve.training.iteration import fingerprint, prepare_precision, train
 from self_improve.training.loop import Checkpoints
 
@@ -27,16 +27,27 @@ log = logging.getLogger(__name__)
 PARAMS = ("seed", "model", "train", "security")
 
 
-def _args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--iteration", required=True)
-    p.add_argument("--model", required=True, help="in: the iteration's starting model")
-    p.add_argument("--base", help="in: the base model (it0) that adapter chains apply to")
-    p.add_argument("--pairs", required=True, help="in: preference pairs")
-    p.add_argument("--sft", required=True, help="in: best-judged samples")
-    p.add_argument("--groups", required=True, help="in: GRPO groups")
-    p.add_argument("--out", required=True, help="out: the next model directory")
-    p.add_argument("--metrics", required=True, help="out: training metrics (json)")
-    p.add_argument("--checkpoints", help="resumable state (kept between runs); none if not given")
+DECLARATION = Declaration(
+    args=(
+        Arg("--iteration", "value", required=True),
+        Arg("--model", "in", "the iteration's starting model", required=True),
+        Arg("--base", "in", "the base model (it0) that adapter chains apply to"),
+        Arg("--pairs", "in", "preference pairs", required=True),
+        Arg("--sft", "in", "best-judged samples", required=True),
+        Arg("--groups", "in", "GRPO groups", required=True),
+        Arg("--out", "out", "the next model directory", required=True),
+        Arg("--metrics", "out", "training metrics (json)", required=True),
+        Arg("--checkpoints", "out", "resumable state (kept between runs); none if not given", persist=True,
+            note="resumable state: kept when the stage reruns; done.json once finished"),
+    ),
+    params=PARAMS,
+    runs=(Run("train", {
+        "--iteration": "${key}", "--model": "data/${item.prev}/model", "--base": "data/it0/model",
+        "--pairs": "data/${key}/pairs.parquet", "--sft": "data/${key}/sft.parquet",
+        "--groups": "data/${key}/groups.parquet", "--out": "data/${key}/model",
+        "--metrics": "data/${key}/train_metrics.json", "--checkpoints": "data/${key}/checkpoints"},
+        foreach="${loop}"),),
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -75,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
             save_model(trained, tokenizer, args.out, prov, state_dict=full_state)
         art.write_json(metrics, args.metrics)
 
-    run_stage("train", _args, body, argv, reads=PARAMS)
+    run_stage("train", DECLARATION.add_args, body, argv, reads=PARAMS)
 
 
 if __name__ == "__main__":

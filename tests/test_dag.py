@@ -1,4 +1,5 @@
-"""dvc.yaml's deps name every module a stage imports, so a code change reruns the right stages."""
+"""dvc.yaml is written from the stages' declarations, and its deps name every module a stage imports, so a
+code change reruns the right stages."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import yaml
 
 from scripts import deps as code_deps
+from scripts import pipeline
 
 from .conftest import ROOT
 
@@ -21,7 +23,7 @@ def _covered(path: str, deps: set[str]) -> bool:
     return any(path == d or path.startswith(d.rstrip("/") + "/") for d in deps)
 
 
-PIPELINES = code_deps.PIPELINES  # the loop, and CoMAS's (installed as comas/dvc.yaml)
+PIPELINES = tuple(pipeline.PIPELINES)  # the loop, and CoMAS's (installed as comas/dvc.yaml)
 
 
 def _stages() -> dict:
@@ -35,21 +37,50 @@ def _stages() -> dict:
     return out
 
 
-def test_the_code_deps_are_the_generated_ones():
-    """dvc.yaml's code deps are written by `python -m scripts.deps`: an import added to a stage's
-    closure and not regenerated fails here, naming the file."""
-    assert code_deps.stale(ROOT) == [], "run `python -m scripts.deps`"
-
-
-def test_generating_the_code_deps_keeps_every_other_line():
-    """A stale file regenerated: the lost import is back, a dropped one gone, data deps and comments kept."""
-    text = (ROOT / "dvc.yaml").read_text()
-    assert "        - self_improve/pairs.py\n" in text  # the pairs stage's (under foreach)
-    broken = text.replace("        - self_improve/pairs.py\n", "", 1).replace(
-        "      - stages/prepare.py\n", "      - stages/prepare.py\n      - self_improve/floors.py\n", 1)
-    assert code_deps.rewrite(broken, ROOT) == text
-    out = subprocess.run([sys.executable, "-m", "scripts.deps", "--check"], cwd=ROOT, capture_output=True, text=True)
+def test_the_pipeline_files_are_the_generated_ones():
+    """dvc.yaml and CoMAS's pipeline are written by `python -m scripts.pipeline` from each stage's
+    DECLARATION and its imports: a declaration or an import changed and not regenerated fails here."""
+    assert pipeline.stale(ROOT) == [], "run `python -m scripts.pipeline`"
+    out = subprocess.run([sys.executable, "-m", "scripts.pipeline", "--check"], cwd=ROOT, capture_output=True,
+                         text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_a_stage_is_declared_once_for_its_parser_and_its_pipeline_stages():
+    """A stage's argument parser and its dvc.yaml commands come from one declaration: every argument a
+    pipeline stage passes is one the parser takes, every required one is passed, and each path it reads
+    is a dep and each it writes an output of that stage."""
+    import argparse
+
+    stages = _stages()
+    for name, (module, decl, run) in pipeline.declarations(ROOT).items():
+        parser = argparse.ArgumentParser()
+        decl.add_args(parser)
+        flags = {a.option_strings[0]: a for a in parser._actions if a.option_strings}  # noqa: SLF001
+        assert set(run.args) <= set(flags), name
+        assert {f for f, a in flags.items() if a.required} <= set(run.args), name
+        parser.parse_args([w for f, v in run.args.items() for w in (f, v)])
+        spec = stages[name if name in yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+                      else f"configs/pipelines/comas.dvc.yaml:{name}"]
+        spec = spec.get("do", spec)
+        written = {next(iter(o)) if isinstance(o, dict) else o
+                   for key in ("outs", "metrics", "plots") for o in spec.get(key, [])}
+        for flag, value in run.args.items():
+            role = decl.arg(flag).role
+            if role == "in":
+                assert value in spec["deps"], (name, flag)
+            elif role in ("out", "metric", "plot"):
+                assert value in written, (name, flag)
+        assert f"python -m {module} " in spec["cmd"] + " ", name
+
+
+def test_a_pipeline_stage_no_module_declares_is_refused(monkeypatch):
+    text = pipeline.render("dvc.yaml", ROOT)
+    assert text == (ROOT / "dvc.yaml").read_text()
+    monkeypatch.setitem(pipeline.PIPELINES, "dvc.yaml",
+                        (pipeline.LOOP_HEADER, ("check_params", "no_such_stage"), ""))
+    with pytest.raises(ValueError, match="no stage module declares no_such_stage"):
+        pipeline.render("dvc.yaml", ROOT)
 
 
 def test_a_table_entry_named_as_a_string_is_a_dep_of_the_stages_that_run_it():
