@@ -94,10 +94,11 @@ def test_nothing_in_the_product_imports_research():
 
 
 def test_scripts_holds_build_tools_only():
-    """scripts/ builds the repository (generated docs and dependency lists, the install's lock, the real
-    model's weights, the CoMAS pipeline file): the runners live in flows/, the analyses in research/."""
+    """scripts/ builds the repository (generated docs, the pipeline files and their code deps, the install's
+    lock, the real model's weights, the CoMAS pipeline file): the runners live in runners/, the analyses in
+    research/."""
     assert sorted(p.stem for p in (ROOT / "scripts").glob("*.py")) == [
-        "__init__", "comas_pipeline", "deps", "docs", "lock", "smollm2"]
+        "__init__", "comas_pipeline", "deps", "docs", "lock", "pipeline", "smollm2"]
 
 
 def test_the_console_script_reaches_every_runner():
