@@ -150,26 +150,9 @@ def _generated_tokens(tokenizer, outputs: list[list[str]], max_new: int) -> int:
                for rs in outputs for r in rs)
 
 
-def bench_compute(work: Path, device: str, single_prompts: int) -> dict:
-    import numpy as np
+def _timer(device: str):
+    """fn -> (fn(), seconds), waiting for the GPU's queued work on CUDA."""
     import torch
-
-    from self_improve import artifacts as art
-    from self_improve.config import load_params
-    from self_improve.engines.hf import SamplingSpec, encode_for_training, generate, score
-    from self_improve.engines.sampler import HFSampler, VLLMSampler, vllm_unavailable
-    from self_improve.models.loading import attach_lora, load_model, set_threads
-    from self_improve.sampling import sample
-    from self_improve.tasks import task_for
-    from self_improve.training.loop import Schedule, steps_for
-    from self_improve.training.trainers import RunContext, SFTTrainer
-
-    set_threads()
-    params = load_params(work / "params.yaml")
-    cfg = params.sample
-    model, tok = load_model(work / "data/it0/model", device=device)
-    ttt = list(art.read_table(work / "data/task/ttt.parquet", art.PROMPTS)["prompt"])
-    out: dict = {"device": device}
 
     def timed(fn):
         if device == "cuda":
@@ -179,6 +162,13 @@ def bench_compute(work: Path, device: str, single_prompts: int) -> dict:
         if device == "cuda":
             torch.cuda.synchronize()
         return res, time.perf_counter() - start
+    return timed
+
+
+def _sampling_figures(model, tok, ttt: list[str], cfg, single_prompts: int, timed) -> tuple[dict, float]:
+    """Batched sampling against one prompt and one sample at a time, and whether greedy answers are the
+    same either way; also the batched tokens/s."""
+    from self_improve.engines.hf import SamplingSpec, generate
 
     spec = SamplingSpec(n=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p,
                         max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size)
@@ -194,17 +184,22 @@ def bench_compute(work: Path, device: str, single_prompts: int) -> dict:
     greedy = SamplingSpec(n=1, greedy=True, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size)
     same = generate(model, tok, few, greedy, 0, progress=False) == [
         generate(model, tok, [p], greedy, 0, progress=False)[0] for p in few]
-    out["sampling"] = {"batched_tokens_per_s": round(batched), "one_at_a_time_tokens_per_s": round(single),
-                       "batched_speedup": round(batched / single, 1), "prompts": len(ttt), "k": cfg.k,
-                       "one_at_a_time_prompts": len(few), "greedy_identical": same}
+    return {"batched_tokens_per_s": round(batched), "one_at_a_time_tokens_per_s": round(single),
+            "batched_speedup": round(batched / single, 1), "prompts": len(ttt), "k": cfg.k,
+            "one_at_a_time_prompts": len(few), "greedy_identical": same}, batched
 
-    samples = art.read_table(work / "data/it1/samples.parquet", art.SAMPLES)
-    sc, secs = timed(lambda: score(model, tok, list(samples["prompt"]), list(samples["response"]),
-                                   batch_size=cfg.batch_size, progress=False))
-    out["judge_scoring"] = {"tokens_per_s": round(sc.processed_tokens / secs), "sequences": len(samples)}
+
+def _raft_figures(work: Path, device: str, tok, tcfg, timed) -> dict:
+    """One epoch of RAFT's fine-tuning with LoRA on it1's best samples: tokens/s."""
+    import torch
+
+    from self_improve import artifacts as art
+    from self_improve.engines.hf import encode_for_training
+    from self_improve.models.loading import attach_lora, load_model
+    from self_improve.training.loop import Schedule, steps_for
+    from self_improve.training.trainers import RunContext, SFTTrainer
 
     sft = art.read_table(work / "data/it1/sft.parquet", art.SFT)
-    tcfg = params.train
     steps = steps_for(len(sft), tcfg.batch_size, 1)
     enc = encode_for_training(tok, list(sft["prompt"]), list(sft["response"]))
     per_example = float(enc["attention_mask"].sum()) / len(sft)
@@ -212,23 +207,58 @@ def bench_compute(work: Path, device: str, single_prompts: int) -> dict:
     lora_model = attach_lora(load_model(work / "data/it0/model", device=device)[0], tcfg.lora)
     ctx = RunContext(tok, Schedule(tcfg.lr, steps), tcfg.batch_size, 0, max_grad_norm=tcfg.max_grad_norm)
     _, secs = timed(lambda: SFTTrainer(ctx).train(lora_model, list(sft["prompt"]), list(sft["response"])))
-    out["train_raft"] = {"tokens_per_s": round(steps * tcfg.batch_size * per_example / secs), "steps": steps}
+    return {"tokens_per_s": round(steps * tcfg.batch_size * per_example / secs), "steps": steps}
+
+
+def _scaling_figures(work: Path, model, tok, params, timed) -> dict:
+    """The sample stage's time over growing numbers of prompts: a line's slope, intercept and fit."""
+    import numpy as np
+
+    from self_improve import artifacts as art
+    from self_improve.engines.sampler import HFSampler
+    from self_improve.sampling import sample
+    from self_improve.tasks import task_for
 
     prompts = art.read_table(work / "data/it1/prompts.parquet", art.PROMPTS)
     sampler = HFSampler(model, tok)
     sizes = [n for n in (250, 500, 1000, 2000) if n <= len(prompts)] or [  # a quick run's few prompts
         max(1, len(prompts) * i // 4) for i in (1, 2, 3, 4)]
     task = task_for(params.task)
-    times = [timed(lambda n=n: sample(sampler, prompts.head(n), cfg, 0, task, progress=False))[1] for n in sizes]
+    times = [timed(lambda n=n: sample(sampler, prompts.head(n), params.sample, 0, task, progress=False))[1]
+             for n in sizes]
     slope, intercept = np.polyfit(sizes, times, 1)
     pred = np.polyval([slope, intercept], sizes)
     r2 = 1 - float(np.sum((np.array(times) - pred) ** 2) / np.sum((np.array(times) - np.mean(times)) ** 2))
-    out["scaling"] = {"prompts": sizes, "seconds": [round(t, 3) for t in times],
-                      "seconds_per_1000_prompts": round(1000 * slope, 3), "intercept_seconds": round(intercept, 3),
-                      "r2": round(r2, 4)}
+    return {"prompts": sizes, "seconds": [round(t, 3) for t in times],
+            "seconds_per_1000_prompts": round(1000 * slope, 3), "intercept_seconds": round(intercept, 3),
+            "r2": round(r2, 4)}
 
+
+def bench_compute(work: Path, device: str, single_prompts: int) -> dict:
+    from self_improve import artifacts as art
+    from self_improve.config import load_params
+    from self_improve.engines.hf import SamplingSpec, score
+    from self_improve.engines.sampler import VLLMSampler, vllm_unavailable
+    from self_improve.models.loading import load_model, set_threads
+
+    set_threads()
+    params = load_params(work / "params.yaml")
+    cfg = params.sample
+    model, tok = load_model(work / "data/it0/model", device=device)
+    ttt = list(art.read_table(work / "data/task/ttt.parquet", art.PROMPTS)["prompt"])
+    timed = _timer(device)
+    out: dict = {"device": device}
+    out["sampling"], batched = _sampling_figures(model, tok, ttt, cfg, single_prompts, timed)
+    samples = art.read_table(work / "data/it1/samples.parquet", art.SAMPLES)
+    sc, secs = timed(lambda: score(model, tok, list(samples["prompt"]), list(samples["response"]),
+                                   batch_size=cfg.batch_size, progress=False))
+    out["judge_scoring"] = {"tokens_per_s": round(sc.processed_tokens / secs), "sequences": len(samples)}
+    out["train_raft"] = _raft_figures(work, device, tok, params.train, timed)
+    out["scaling"] = _scaling_figures(work, model, tok, params, timed)
     reason = vllm_unavailable()
     if device == "cuda" and not reason:
+        spec = SamplingSpec(n=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p,
+                            max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size)
         v = VLLMSampler(work / "data/it0/model", cfg.gpu_memory_utilization)
         v.generate(ttt[:8], spec, 0, progress=False)
         res, secs = timed(lambda: v.generate(ttt, spec, 1, progress=False))

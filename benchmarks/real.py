@@ -215,20 +215,35 @@ def scoring(model_dir: Path, n_prompts: int = 64, k: int = 8, max_new_tokens: in
                 max(abs(a - b) for a, b in zip(hf.self_certainty, c.self_certainty)), 5)}
 
 
-def train_stage(model_dir: Path, prompts: list[str], responses: list[str], micro_batch: int, tmp: Path,
-                bf16: bool = False, native: bool = False, batch: int = 64, epochs: int = 2) -> dict:
-    """The train stage as a user runs it, in its own process: peak RSS, tokens/s, bytes written.
-    `bf16`: train.bf16 (mixed precision); `native`: SELF_IMPROVE_CPU_ISA=native (no AVX2 pins)."""
+# The peak is the stage's own: VmHWM belongs to the memory the stage's process maps after exec, where
+# Linux carries ru_maxrss over from the parent at the fork (this bench's parent holds the models of
+# the steps above: every child read 7.92 GB that way, 3.28 on its own); ru_maxrss where /proc is not.
+_MEASURED_TRAIN = (
+    "import resource, runpy, sys\n"
+    "sys.argv = ['stages.train'] + sys.argv[1:]\n"
+    "try:\n    runpy.run_module('stages.train', run_name='__main__')\n"
+    "finally:\n"
+    "    try:\n"
+    "        kb = next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM:'))\n"
+    "    except (OSError, StopIteration):\n"
+    "        kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+    "    print('PEAK_RSS_KB', kb, file=sys.stderr)\n"
+    "    import torch\n"
+    "    if torch.cuda.is_available():\n"
+    "        print('PEAK_GPU_BYTES', torch.cuda.max_memory_allocated(), file=sys.stderr)\n")
+
+
+def _train_inputs(work: Path, model_dir: Path, prompts: list[str], responses: list[str], train: dict) -> None:
+    """A train stage's inputs in `work`: the base's record, RAFT rows of the prompts and responses, empty
+    pairs and groups, and params.yaml with `train` (the bench's batch, epochs, precision) over the defaults."""
     import pandas as pd
     import yaml
 
     from self_improve import artifacts as art
     from self_improve.config import ModelConfig
-    from self_improve.cpu import unpinned_env
     from self_improve.models.base import resolve_base
     from self_improve.models.loading import write_base_record
 
-    work = tmp / f"train-micro{micro_batch}{'-bf16' if bf16 else ''}{'-native' if native else ''}"
     work.mkdir(parents=True)
     write_base_record(resolve_base(ModelConfig(base=str(model_dir))), work / "it0", {"bench": True})
     n = len(prompts)
@@ -239,27 +254,24 @@ def train_stage(model_dir: Path, prompts: list[str], responses: list[str], micro
     art.write_table(art.empty_table(art.GROUPS), work / "groups.parquet", art.GROUPS)
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["model"].update(base=str(model_dir), max_length=256)
-    params["train"].update(algorithm="raft", epochs=epochs, batch_size=batch, micro_batch_size=micro_batch,
-                           checkpoint_every=0, bf16=bf16)
+    params["train"].update(algorithm="raft", checkpoint_every=0, **train)
     (work / "params.yaml").write_text(yaml.safe_dump(params))
+
+
+def train_stage(model_dir: Path, prompts: list[str], responses: list[str], micro_batch: int, tmp: Path,
+                bf16: bool = False, native: bool = False, batch: int = 64, epochs: int = 2) -> dict:
+    """The train stage as a user runs it, in its own process: peak RSS, tokens/s, bytes written.
+    `bf16`: train.bf16 (mixed precision); `native`: SELF_IMPROVE_CPU_ISA=native (no AVX2 pins)."""
+    from self_improve.cpu import unpinned_env
+    from self_improve.engines.hf import chat_format
+    from self_improve.models.loading import load_model
+
+    work = tmp / f"train-micro{micro_batch}{'-bf16' if bf16 else ''}{'-native' if native else ''}"
+    _train_inputs(work, model_dir, prompts, responses,
+                  dict(epochs=epochs, batch_size=batch, micro_batch_size=micro_batch, bf16=bf16))
     timings = work / "timings.jsonl"
-    # The peak is the stage's own: VmHWM belongs to the memory the stage's process maps after exec, where
-    # Linux carries ru_maxrss over from the parent at the fork (this bench's parent holds the models of
-    # the steps above: every child read 7.92 GB that way, 3.28 on its own); ru_maxrss where /proc is not.
-    code = ("import resource, runpy, sys\n"
-            "sys.argv = ['stages.train'] + sys.argv[1:]\n"
-            "try:\n    runpy.run_module('stages.train', run_name='__main__')\n"
-            "finally:\n"
-            "    try:\n"
-            "        kb = next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM:'))\n"
-            "    except (OSError, StopIteration):\n"
-            "        kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
-            "    print('PEAK_RSS_KB', kb, file=sys.stderr)\n"
-            "    import torch\n"
-            "    if torch.cuda.is_available():\n"
-            "        print('PEAK_GPU_BYTES', torch.cuda.max_memory_allocated(), file=sys.stderr)\n")
-    cmd = [sys.executable, "-c", code, "--iteration", "it1", "--model", str(work / "it0"), "--base", str(work / "it0"),
-           "--pairs", str(work / "pairs.parquet"), "--sft", str(work / "sft.parquet"),
+    cmd = [sys.executable, "-c", _MEASURED_TRAIN, "--iteration", "it1", "--model", str(work / "it0"),
+           "--base", str(work / "it0"), "--pairs", str(work / "pairs.parquet"), "--sft", str(work / "sft.parquet"),
            "--groups", str(work / "groups.parquet"), "--out", str(work / "it1"),
            "--metrics", str(work / "metrics.json"), "--params", str(work / "params.yaml")]
     env = {**os.environ, "SELF_IMPROVE_TIMINGS": str(timings), "SELF_IMPROVE_TRACKING": "0"}
@@ -269,17 +281,14 @@ def train_stage(model_dir: Path, prompts: list[str], responses: list[str], micro
     rss_kb = int(next(line.split()[1] for line in proc.stderr.splitlines() if line.startswith("PEAK_RSS_KB")))
     gpu = [int(line.split()[1]) for line in proc.stderr.splitlines() if line.startswith("PEAK_GPU_BYTES")]
     metrics = json.loads((work / "metrics.json").read_text())
-    from self_improve.engines.hf import chat_format
-    from self_improve.models.loading import load_model
-
     model, tok = load_model(work / "it0", device="cpu")
     chat = chat_format(model, tok)
     tokens = sum(len(chat.prompt_ids(p)) + len(chat.response_ids(r)) for p, r in zip(prompts, responses))
     stage_seconds = json.loads(timings.read_text().splitlines()[-1])["seconds"]
     written = sum(f.stat().st_size for f in (work / "it1").rglob("*") if f.is_file())
     base_bytes = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
-    return {"micro_batch_size": micro_batch, "batch_size": batch, "rows": n, "epochs": epochs, "bf16": bf16,
-            "cpu_isa": "native" if native else "pinned",
+    return {"micro_batch_size": micro_batch, "batch_size": batch, "rows": len(prompts), "epochs": epochs,
+            "bf16": bf16, "cpu_isa": "native" if native else "pinned",
             "loss_first": round(metrics["train_loss_first"], 5),
             "train_steps": metrics["train_steps"], "peak_rss_gb": round(rss_kb / 2**20, 2),
             **({"peak_gpu_gb": round(gpu[0] / 2**30, 2)} if gpu else {}),
@@ -351,9 +360,7 @@ def orchestration(timings: Path, wall: float) -> dict:
             "orchestration_share": round((wall - work + mlflow_s) / wall, 4), "stages": stages}
 
 
-def main(argv: list[str] | None = None) -> None:
-    from self_improve.artifacts import write_json
-
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.real", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="models/smollm2-135m-instruct", help="a local HF model directory")
     p.add_argument("--out", default=None, help="JSON file for the figures (default reports/benchmark_smollm2.json; "
@@ -375,44 +382,47 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0, help="the timed iteration's seed")
     p.add_argument("--precision-only", action="store_true",
                    help="only the train stage in float32 / float32 unpinned / bf16: update the `train_precision` figures")
-    args = p.parse_args(argv)
-    size = QUICK if args.quick else FULL
-    args.out = args.out or (str(Path(tempfile.gettempdir()) / "benchmark_smollm2_quick.json") if args.quick
-                            else "reports/benchmark_smollm2.json")
+    return p
+
+
+def _one_section(args: argparse.Namespace, size: dict, parser: argparse.ArgumentParser) -> bool:
+    """The --*-only modes: measure one section and replace it in --out, keeping the rest; False for none."""
+    from self_improve.artifacts import write_json
 
     def update(key: str, figures: dict) -> dict:
-        """Replace one section of --out's figures, keeping the rest."""
         out = Path(args.out)
         result = json.loads(out.read_text()) if out.exists() else {}
         result[key] = figures
         write_json(result, out, sort_keys=False)
         return figures
 
+    model = Path(args.model)
     if args.iteration_only:
-        for key, figures in iteration_figures(Path(args.model), size, args.seed).items():
+        for key, figures in iteration_figures(model, size, args.seed).items():
             print(json.dumps(update(key, figures), indent=1), flush=True)
-        return
-    if args.precision_only:
-        _, prompts, responses = micro(Path(args.model))
+    elif args.precision_only:
+        _, prompts, responses = micro(model)
         with tempfile.TemporaryDirectory() as tmp:
-            print(json.dumps(update("train_precision", precision(Path(args.model), prompts, responses, Path(tmp),
-                                                                      bf16=args.bf16)),
-                             indent=1))
-        return
-    if args.scoring_only:
-        print(json.dumps(update("scoring", scoring(Path(args.model))), indent=1))
-        return
-    if args.engines_only:
-        print(json.dumps(update("engines", engines(Path(args.model))), indent=1))
-        return
-    if args.loop_only:
+            figures = precision(model, prompts, responses, Path(tmp), bf16=args.bf16)
+        print(json.dumps(update("train_precision", figures), indent=1))
+    elif args.scoring_only:
+        print(json.dumps(update("scoring", scoring(model)), indent=1))
+    elif args.engines_only:
+        print(json.dumps(update("engines", engines(model)), indent=1))
+    elif args.loop_only:
         if not (args.loop_timings and args.loop_seconds):
-            p.error("--loop-only needs --loop-timings and --loop-seconds")
+            parser.error("--loop-only needs --loop-timings and --loop-seconds")
         loop = update("loop", orchestration(Path(args.loop_timings), args.loop_seconds))
         share = loop["orchestration_share"]
         print(json.dumps({k: v for k, v in loop.items() if k != "stages"}))
         print(f"targets: orchestration_share {'met' if share <= TARGETS['orchestration_share'] else 'MISSED'}")
-        return
+    else:
+        return False
+    return True
+
+
+def _every_section(args: argparse.Namespace, size: dict) -> dict:
+    """Every section measured in one run, printed as it ends."""
     model_dir = Path(args.model)
     result: dict = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "model": str(model_dir)}}
     result["quick"] = args.quick
@@ -435,16 +445,15 @@ def main(argv: list[str] | None = None) -> None:
         result["loop"] = orchestration(Path(args.loop_timings), args.loop_seconds)
     result |= iteration_figures(model_dir, size, args.seed)
     print(json.dumps({k: result[k] for k in ("adaptive", "iteration")}), flush=True)
-    write_json(result, args.out, sort_keys=False)
-    if args.quick:
-        print(f"figures written to {args.out}")
-        print("quick: every step completed; at these sizes no target is meaningful, none checked")
-        return
+    return result
+
+
+def targets_met(result: dict) -> dict[str, bool]:
+    """Each target of TARGETS the figures reach (or miss)."""
     t8 = result["train"][0]
     runs = result["engines"]["runs"]
-    checks = {
-        "batched_sampling_vs_forward": sampling["batched_sampling_vs_forward"] >= TARGETS["batched_sampling_vs_forward"],
-    }
+    checks = {"batched_sampling_vs_forward":
+              result["inference"]["batched_sampling_vs_forward"] >= TARGETS["batched_sampling_vs_forward"]}
     if "ct2_float32" in runs:
         checks.update({
             "ct2_k8_vs_hf": max(runs[k]["k8_speedup_vs_hf"] for k in runs) >= TARGETS["ct2_k8_vs_hf"],
@@ -459,6 +468,26 @@ def main(argv: list[str] | None = None) -> None:
     checks["iteration_ratio"] = (result["iteration"]["ratio"] or 0) >= TARGETS["iteration_ratio"]
     if "loop" in result:
         checks["orchestration_share"] = result["loop"]["orchestration_share"] <= TARGETS["orchestration_share"]
+    return checks
+
+
+def main(argv: list[str] | None = None) -> None:
+    from self_improve.artifacts import write_json
+
+    parser = _parser()
+    args = parser.parse_args(argv)
+    size = QUICK if args.quick else FULL
+    args.out = args.out or (str(Path(tempfile.gettempdir()) / "benchmark_smollm2_quick.json") if args.quick
+                            else "reports/benchmark_smollm2.json")
+    if _one_section(args, size, parser):
+        return
+    result = _every_section(args, size)
+    write_json(result, args.out, sort_keys=False)
+    if args.quick:
+        print(f"figures written to {args.out}")
+        print("quick: every step completed; at these sizes no target is meaningful, none checked")
+        return
+    checks = targets_met(result)
     print("targets: " + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in checks.items()))
 
 

@@ -20,7 +20,9 @@ most `--max-below` picks below it0, then the highest recall, then the most cauti
 minimum gains first). Leave one recipe out: for each recipe, the rule fitted on the other recipes'
 targets, scored on that recipe's held-out, so each recipe is scored by a rule that never saw it.
 The real-model loops `research.base_support` replayed with the base support are read with their
-replayed signals (what evaluate now records).
+replayed signals, and the kept word-problem runs with the base model's samples with their signals
+computed again with the answers the task rules out (research.shortcut_choice): what evaluate now
+records.
 """
 
 from __future__ import annotations
@@ -32,7 +34,11 @@ import math
 from dataclasses import asdict
 from pathlib import Path
 
-from research.alarm_check import ROOT, history, runs as kept_runs
+import pandas as pd
+
+from research.alarm_check import KEPT, ROOT, history, runs as kept_runs
+from research.shortcut_choice import replay as shortcut_replay
+from self_improve.config import ConfigError
 from self_improve.choice import PICKS, RULE, Rule, recommend, unsupported_agreement
 from self_improve.config import StopConfig
 from self_improve.stopping import decide
@@ -96,7 +102,8 @@ def tally(runs: list[tuple[str, list[dict]]], rule: Rule, key: str) -> dict:
 
 
 def grid() -> list[Rule]:
-    return [Rule(a, s, p, v) for a, s, p, v in itertools.product(AGREEMENT_GAINS, SUPPORT_GAINS, PICKS, (True, False))]
+    return [Rule(a, s, p, v, c) for a, s, p, v, c in
+            itertools.product(AGREEMENT_GAINS, SUPPORT_GAINS, PICKS, (True, False), (False, True))]
 
 
 def fit(runs: list[tuple[str, list[dict]]], max_below: int) -> tuple[Rule, dict]:
@@ -154,6 +161,31 @@ def replayed(path, kept: dict[str, list[dict]]) -> list[tuple[str, list[dict]]]:
     return out
 
 
+def shortcut_replayed(kept: dict[str, list[dict]], root: Path = ROOT) -> dict[str, list[dict]]:
+    """Kept word-problem runs whose answers hold the base model's samples, with their label-free signals
+    computed again from those answers with each test-time problem's ruled-out answers (the clean
+    agreement and the shortcut share: what evaluate now records on word problems)."""
+    out = {}
+    for name, rows in kept.items():
+        path = next((root / top / f"{name}.json" for top in KEPT if (root / top / f"{name}.json").exists()), None)
+        answers = path.parent / path.stem / "answers.parquet" if path else None
+        if answers is None or not answers.exists():
+            continue
+        result = json.loads(path.read_text())
+        if result.get("params_set", {}).get("task.name") != "word_math":
+            continue
+        table = pd.read_parquet(answers)
+        if not (table["set"] == "ttt_sample").any():
+            continue
+        try:
+            clean = {r["iteration"]: r for r in shortcut_replay(result, table)[1]}
+        except (ConfigError, SystemExit):  # a recipe whose sets today's draw cannot give again (V2)
+            continue
+        out[name] = [{**{k: v for k, v in row.items() if not k.startswith("lf_")},
+                      **{k: v for k, v in clean[row["iteration"]].items() if k.startswith("lf_")}} for row in rows]
+    return out
+
+
 def moved(base: dict, row: dict, gain_lo: float | None) -> str:
     """How the picked iteration's label-free signals stand against it0's (empty at it0): `gain_lo`, the low
     end of the gain the rule read there, base support and agreement the base never samples it0 -> there,
@@ -174,7 +206,8 @@ def moved(base: dict, row: dict, gain_lo: float | None) -> str:
 def _rule_words(rule: Rule) -> str:
     sup = "none (it0)" if rule.min_support_gain is None else f"{rule.min_support_gain:+.2f}"
     return (f"minimum agreement gain {rule.min_agreement_gain:+.2f}, minimum base-support gain without rewrites "
-            f"{sup}, pick {rule.pick}, invalid-share veto {'on' if rule.invalid_veto else 'off'}")
+            f"{sup}, pick {rule.pick}, invalid-share veto {'on' if rule.invalid_veto else 'off'}, clean agreement "
+            f"{'on' if rule.shortcut else 'off'}")
 
 
 def _counts(t: dict) -> str:
@@ -197,7 +230,8 @@ def main(argv: list[str] | None = None) -> None:
         if _with_se(rows, "accuracy") and _with_se(rows, "ttt_accuracy"):
             kept[name] = rows
     again = dict(replayed(ROOT / args.replayed, kept))
-    runs = [(name, again.get(name, rows)) for name, rows in kept.items()]
+    clean = shortcut_replayed(kept)
+    runs = [(name, clean.get(name, again.get(name, rows))) for name, rows in kept.items()]
     recipes = sorted({recipe_of(n) for n, _ in runs})
 
     fitted, on_target = fit(runs, args.max_below)

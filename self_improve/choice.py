@@ -35,21 +35,28 @@ per problem (EVAL rows, sets `ttt` and `ttt_view`):
   same way in both wordings) raises `lf_agreement` but not this; one that comes to agree on answers
   the base gives too raises both.
 
+- `lf_shortcut_share` and `lf_clean_agreement`, where the task names the answers a right response cannot
+  give (judge.shortcut; on word problems the sum of the question's numbers where a step is not an
+  addition): the share of answers so ruled out, and the supported agreement on answers that are not.
+  A sum is the same in every wording, so a policy collapsing onto it raises the agreement; the clean
+  agreement falls instead (six-iteration V3 loops: research/results/smollm2_v3_long/choice_shortcut.md).
+
 Each has its paired gain from it0 (`<name>_gain`, `_lo`, `_hi`: bootstrap 95% over the same
 problems). No gold answer is read by any of them.
 
 The rule (`recommend`, its settings a `Rule`): itN is a candidate when no veto holds and its
 agreement rose from it0's with the 95% interval's low end above `Rule.min_agreement_gain`. The
-agreement read is the supported agreement where the base support was recorded, the plain one on
-results kept before it was. A task without rewrites has no agreement: there itN is a candidate when
+agreement read is the supported agreement where the base support was recorded (with `Rule.shortcut`,
+the clean agreement where the task rules answers out), the plain one on results kept before it was. A task without rewrites has no agreement: there itN is a candidate when
 its base support's gain has its low end above `Rule.min_support_gain` (None: no candidate, it0). The
 vetoes: the invalid share rose beyond noise (`Rule.invalid_veto`), the answers restating the
 question's numbers rose beyond noise, the distinct answers fell under half of it0's, the commonest
 answer's share more than doubled beyond noise, the base support fell under half of it0's beyond
 noise, or the frozen judge's P(Yes) fell beyond noise. An iteration whose agreement fell cannot pass,
 so neither can one whose self-reward rose while its scores fell. Of the candidates the rule takes the
-latest (`Rule.pick` "latest": the one trained longest among those that passed) or the one with the
-highest signal ("highest"; ties: the earliest); with none, it0 (do no harm). The settings in `RULE`
+latest whose signal is within one standard error of the highest candidate's (`Rule.pick` "near_best":
+the one trained longest, unless its signal has fallen beyond noise since), the latest ("latest") or
+the one with the highest signal ("highest"; ties: the earliest); with none, it0 (do no harm). The settings in `RULE`
 were fitted over every kept run on the test-time problems' accuracy, never on held-out, and scored
 on held-out with one recipe left out at a time (research/choice_check.py,
 research/results/choice_check.md).
@@ -69,10 +76,10 @@ from self_improve.quality import binomial_se, paired_gain
 VIEW_SET = "ttt_view"  # EVAL rows of the test-time problems' rewrites
 SAMPLE_SET = "ttt_sample"  # EVAL rows of the base model's sampled answers to them (both wordings; it0 only)
 SIGNALS = ("lf_agreement", "lf_supported_agreement", "lf_invalid_share", "lf_restate_share", "lf_mode_share",
-           "lf_base_support", "lf_frozen_yes")  # per problem, with paired gains
+           "lf_base_support", "lf_frozen_yes", "lf_clean_agreement", "lf_shortcut_share")  # per problem, paired gains
 MODE_FACTOR = 2.0  # the commonest answer's share may not grow beyond this factor (and beyond noise)
 SUPPORT_FACTOR = 2.0  # the base support may not fall under it0's divided by this (and beyond noise)
-PICKS = ("latest", "highest")
+PICKS = ("near_best", "latest", "highest")  # the grid's order: a tie goes to the first
 
 
 @dataclass(frozen=True)
@@ -81,8 +88,9 @@ class Rule:
 
     min_agreement_gain: float = 0.05  # a candidate's (supported) agreement gain has its 95% low end above this
     min_support_gain: Optional[float] = None  # without rewrites: the base support gain's 95% low end above this
-    pick: str = "highest"  # of the candidates: the latest, or the highest signal
+    pick: str = "highest"  # of the candidates: the latest near the highest signal, the latest, or the highest
     invalid_veto: bool = True  # the invalid share's rise beyond noise vetoes
+    shortcut: bool = False  # read the clean agreement (answers the task rules out left out) where recorded
 
     def __post_init__(self):
         if self.pick not in PICKS:
@@ -111,7 +119,8 @@ def base_samples(answers: pd.DataFrame) -> dict[str, set]:
     return out
 
 
-def per_problem(answers: pd.DataFrame, support: dict[str, set] | None = None) -> pd.DataFrame:
+def per_problem(answers: pd.DataFrame, support: dict[str, set] | None = None,
+                ruled_out: dict[str, frozenset] | None = None) -> pd.DataFrame:
     """One row per test-time problem (index prompt_id): `lf_agreement` (1/0; NaN without a rewrite
     answered), `lf_invalid_share` (1: rejected by the validity check or no answer; NaN where the
     check was not run), `lf_restate_share` (1: the answer is one of the question's numbers; NaN
@@ -119,7 +128,10 @@ def per_problem(answers: pd.DataFrame, support: dict[str, set] | None = None) ->
     the problems; 0 without an answer), `lf_base_support` (1: the answer is among `support`'s, the
     base model's sampled answers to the problem (`base_samples`); 0 without an answer; NaN where the
     base has no samples of it), `lf_supported_agreement` (1: the wordings agree on an answer among
-    `support`'s; NaN where either is NaN), `lf_frozen_yes` (NaN where not judged) and `pred`."""
+    `support`'s; NaN where either is NaN), `lf_frozen_yes` (NaN where not judged) and `pred`. With
+    `ruled_out` (prompt_id -> the answers the task rules out, judge.shortcut's), `lf_shortcut_share` (1: the
+    answer is ruled out; NaN without an answer) and `lf_clean_agreement` (the supported agreement on an
+    answer not ruled out); NaN columns without it."""
     ttt = answers[answers["set"] == "ttt"].drop_duplicates("prompt_id").set_index("prompt_id")
     preds = [None if _missing(p) else p for p in ttt["pred"]]
     view = answers[answers["set"] == VIEW_SET].drop_duplicates("prompt_id").set_index("prompt_id")["pred"]
@@ -144,15 +156,28 @@ def per_problem(answers: pd.DataFrame, support: dict[str, set] | None = None) ->
                          "lf_mode_share": [float(p is not None and p == mode) for p in preds],
                          "lf_supported_agreement": [a * b for a, b in zip(agree, supported)],
                          "lf_base_support": supported,
-                         "lf_frozen_yes": [np.nan if _missing(v) else float(v) for v in frozen]}, index=ttt.index)
+                         "lf_frozen_yes": [np.nan if _missing(v) else float(v) for v in frozen],
+                         **_shortcut_columns(ttt.index, preds, supported, agree, ruled_out)}, index=ttt.index)
 
 
-def signals(answers: pd.DataFrame, base: Optional[pd.DataFrame] = None) -> dict[str, float]:
+def _shortcut_columns(ids, preds: list, supported: list, agree: list,
+                      ruled_out: dict[str, frozenset] | None) -> dict[str, list]:
+    """`lf_shortcut_share` and `lf_clean_agreement` per problem (per_problem's doc); NaN without `ruled_out`."""
+    if ruled_out is None:
+        return {"lf_clean_agreement": [np.nan] * len(preds), "lf_shortcut_share": [np.nan] * len(preds)}
+    short = [np.nan if p is None else float(p in ruled_out.get(pid, frozenset())) for pid, p in zip(ids, preds)]
+    clean = [a * b * (1.0 if math.isnan(c) else 1.0 - c) for a, b, c in zip(agree, supported, short)]
+    return {"lf_clean_agreement": clean, "lf_shortcut_share": short}
+
+
+def signals(answers: pd.DataFrame, base: Optional[pd.DataFrame] = None,
+            ruled_out: dict[str, frozenset] | None = None) -> dict[str, float]:
     """The label-free metrics of one model's EVAL rows (see the module doc), and with `base` (it0's
     EVAL rows) each one's paired gain from it0 with its 95% interval. The base support looks the
-    answers up among `base`'s sampled answers, or without `base` (it0 itself) among `answers`' own."""
+    answers up among `base`'s sampled answers, or without `base` (it0 itself) among `answers`' own.
+    `ruled_out`: each test-time problem's answers the task rules out (the shortcut signals)."""
     support = base_samples(base if base is not None else answers)
-    now = per_problem(answers, support)
+    now = per_problem(answers, support, ruled_out)
     if now.empty:
         return {}
     out: dict[str, float] = {}
@@ -166,7 +191,7 @@ def signals(answers: pd.DataFrame, base: Optional[pd.DataFrame] = None) -> dict[
     out["lf_distinct"] = len(set(preds)) / len(now)
     out["lf_n"] = len(now)
     if base is not None:
-        before = per_problem(base, support)
+        before = per_problem(base, support, ruled_out)
         for name in SIGNALS:
             b, a = before[name].dropna(), now[name].dropna()
             both = b.index.intersection(a.index)
@@ -212,8 +237,11 @@ def vetoes(row: dict, base: dict, invalid: bool = True) -> list[str]:
     return out
 
 
-def _signal(base: dict) -> tuple[str | None, str]:
-    """The signal a candidate must raise, read off it0's metrics, and its words."""
+def _signal(base: dict, shortcut: bool = False) -> tuple[str | None, str]:
+    """The signal a candidate must raise, read off it0's metrics, and its words; `shortcut`: the clean
+    agreement where it was recorded."""
+    if shortcut and base.get("lf_clean_agreement") is not None:
+        return "lf_clean_agreement", "supported agreement on answers the task does not rule out"
     if base.get("lf_supported_agreement") is not None:
         return "lf_supported_agreement", "supported agreement"
     if base.get("lf_agreement") is not None:
@@ -221,6 +249,25 @@ def _signal(base: dict) -> tuple[str | None, str]:
     if base.get("lf_base_support") is not None:
         return "lf_base_support", "base support (no rewrites, so no agreement)"
     return None, ""
+
+
+def _pick(picked: list[dict], key: str, what: str, pick: str) -> tuple[dict, str]:
+    """The candidate `Rule.pick` takes, and its words: `near_best` the latest whose agreement is within one
+    standard error of the highest candidate's (the latest where it never fell beyond noise; on the base
+    support, a guard that held rather than a gain, the latest), `latest` the latest, `highest` the
+    highest (ties: the earliest)."""
+    name = what.split(" (")[0]
+    if pick == "latest" or (pick == "near_best" and key == "lf_base_support"):  # a guard that held, not a gain
+        return picked[-1], f"the latest of {len(picked)} candidate(s)"
+    if pick == "latest":
+        return picked[-1], f"the latest of {len(picked)} candidate(s)"
+    top = max(picked, key=lambda r: r[key])
+    if pick == "highest":
+        return top, f"the highest {name} of {len(picked)} candidate(s)"
+    se = top.get(f"{key}_se") or 0.0
+    near = [r for r in picked if r[key] >= top[key] - se]
+    return near[-1], (f"the latest of {len(picked)} candidate(s) within one s.e. of the highest {name} "
+                      f"({top[key]:.3f} at {top['iteration']}, s.e. {se:.3f})")
 
 
 def recommend(history: list[dict], rule: Rule = RULE) -> dict:
@@ -231,7 +278,7 @@ def recommend(history: list[dict], rule: Rule = RULE) -> dict:
     if not history:
         raise ValueError("recommend: no iterations")
     base = history[0]
-    key, what = _signal(base)
+    key, what = _signal(base, rule.shortcut)
     floor = rule.min_support_gain if key == "lf_base_support" else rule.min_agreement_gain
     rows, picked = {}, []
     for row in history[1:]:
@@ -254,9 +301,7 @@ def recommend(history: list[dict], rule: Rule = RULE) -> dict:
         return {"iteration": it0, "rows": rows,
                 "reason": f"no iteration's {what} gain had its 95% low end above {floor:+.2f} without a veto: "
                           "the base model"}
-    best = picked[-1] if rule.pick == "latest" else max(picked, key=lambda r: r[key])
-    which = (f"the latest of {len(picked)} candidate(s)" if rule.pick == "latest" else
-             f"the highest {what.split(' (')[0]} of {len(picked)} candidate(s)")
+    best, which = _pick(picked, key, what, rule.pick)
     return {"iteration": best["iteration"], "rows": rows,
             "reason": f"{which}: {what} {best[key]:.3f} (it0 {base[key]:.3f}, gain 95% low end "
                       f"{best[f'{key}_gain_lo']:+.3f} over {floor:+.2f}), no veto"}

@@ -84,24 +84,9 @@ def accuracy(preds: list[str | None], answers: list[str], task: Task, categories
 SETS = (("accuracy", "heldout", "heldout_n"), ("ttt_accuracy", "ttt", "ttt_n"))  # metric, set, size
 
 
-def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cfg: EvaluateConfig,
-                  seed: int, task: Task, progress: bool = True, answers: list | None = None,
-                  base_samples: bool = False, stop_at=None) -> dict[str, float]:
-    """Accuracy protocols over the rows that have an answer (a user's prompt file may have none),
-    the share of greedy answers cut by `evaluate.max_new_tokens` (`eval_truncated_share`) and the
-    share from which no answer could be read (`eval_extract_failure_rate`). `answers`, when given,
-    receives each problem's greedy answer (EVAL rows) for the paired comparison of iterations, and
-    with `base_samples` (the base model, it0) also `evaluate.support_k` sampled answers to each test-time
-    problem in both wordings (set `choice.SAMPLE_SET`: the base support of the label-free choice).
-    `stop_at`: the task's answer stop (sample.stop_at_answer), for every response generated here."""
-    greedy = SamplingSpec(n=1, greedy=True, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
-                          stop_at=stop_at)
-    sampled = SamplingSpec(n=cfg.k, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
-                           batch_size=cfg.batch_size, stop_at=stop_at)
-    heldout, ttt = heldout[heldout["answer"].notna()], ttt[ttt["answer"].notna()]
-    out: dict[str, float] = {}
-    cut: list[bool] = []
-    failed: list[bool] = []
+def _answer_rows(task: Task, set_name: str, df: pd.DataFrame, res, preds: list) -> list[dict]:
+    """The EVAL rows of one set's greedy answers: the answer, whether it is right, cut short, valid
+    (no invalid reason) and a restatement of a number of the question (None for open tasks)."""
     question = getattr(task, "question", lambda prompt: prompt)
 
     def valid(prompt: str, response: str, pred: str | None) -> bool | None:
@@ -114,6 +99,44 @@ def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cf
             return None
         return pred in numbers(question(prompt))
 
+    return [{"set": set_name, "prompt_id": pid, "category": cat if isinstance(cat, str) else None,
+             "answer": gold, "response": r[0], "pred": pred,
+             "correct": float(task.verify(pred, gold, cat if isinstance(cat, str) else None)), "truncated": t[0],
+             "valid": valid(prompt, r[0], pred), "restates": restates(prompt, pred)}
+            for pid, prompt, gold, r, pred, t, cat in zip(df["prompt_id"], df["prompt"], df["answer"], res, preds,
+                                                          res.truncated, df["category"])]
+
+
+def _set_accuracy(name: str, df: pd.DataFrame, preds: list, task: Task) -> dict[str, float]:
+    """One set's greedy accuracy, its standard error, and per category (a word_math level, a
+    reasoning-gym dataset) as `<name>/<category>` where the set has more than one."""
+    out = {name: accuracy(preds, list(df["answer"]), task, list(df["category"]))}
+    out[f"{name}_se"] = binomial_se(out[name], len(df))  # one greedy answer per problem
+    cats = df["category"].fillna("(none)")
+    if cats.nunique() > 1:
+        for cat in sorted(cats.unique()):
+            on = (cats == cat).to_numpy()
+            out[f"{name}/{metric_name(cat)}"] = accuracy([p for p, o in zip(preds, on) if o], list(df["answer"][on]),
+                                                         task, list(df["category"][on]))
+    return out
+
+
+def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cfg: EvaluateConfig,
+                  seed: int, task: Task, progress: bool = True, answers: list | None = None,
+                  base_samples: bool = False, stop_at=None) -> dict[str, float]:
+    """Accuracy protocols over the rows that have an answer (a user's prompt file may have none),
+    the share of greedy answers cut by `evaluate.max_new_tokens` (`eval_truncated_share`) and the
+    share from which no answer could be read (`eval_extract_failure_rate`). `answers`, when given,
+    receives each problem's greedy answer (EVAL rows) for the paired comparison of iterations, and
+    with `base_samples` (the base model, it0) also `evaluate.support_k` sampled answers to each test-time
+    problem in both wordings (set `choice.SAMPLE_SET`: the base support of the label-free choice).
+    `stop_at`: the task's answer stop (sample.stop_at_answer), for every response generated here."""
+    greedy = SamplingSpec(n=1, greedy=True, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
+                          stop_at=stop_at)
+    heldout, ttt = heldout[heldout["answer"].notna()], ttt[ttt["answer"].notna()]
+    out: dict[str, float] = {}
+    cut: list[bool] = []
+    failed: list[bool] = []
     sets = [(*s, df) for s, df in zip(SETS, (heldout, ttt))]
     if answers is not None:  # the label-free signals' second wording of each test-time problem
         sets.append((None, choice.VIEW_SET, None, rewritten(task, ttt, seed)))
@@ -123,26 +146,13 @@ def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cf
         res = sampler.generate(list(df["prompt"]), greedy, seed, desc=name or set_name, progress=progress)
         preds = [task.extract(r[0]).answer for r in res]
         if answers is not None:
-            answers += [{"set": set_name, "prompt_id": pid, "category": cat if isinstance(cat, str) else None,
-                         "answer": gold, "response": r[0], "pred": pred,
-                         "correct": float(task.verify(pred, gold, cat if isinstance(cat, str) else None)),
-                         "truncated": t[0],
-                         "valid": valid(prompt, r[0], pred), "restates": restates(prompt, pred)}
-                        for pid, prompt, gold, r, pred, t, cat in zip(df["prompt_id"], df["prompt"], df["answer"],
-                                                                      res, preds, res.truncated, df["category"])]
+            answers += _answer_rows(task, set_name, df, res, preds)
         if answers is not None and base_samples and set_name != "heldout":
             answers += support_samples(sampler, df, cfg, seed, task, progress, desc=f"{set_name} base samples",
                                        stop_at=stop_at)
         if name is None:
             continue
-        out[name] = accuracy(preds, list(df["answer"]), task, list(df["category"]))
-        out[f"{name}_se"] = binomial_se(out[name], len(df))  # one greedy answer per problem
-        cats = df["category"].fillna("(none)")
-        if cats.nunique() > 1:  # per category (a word_math level, a reasoning-gym dataset): `<name>/<category>`
-            for cat in sorted(cats.unique()):
-                on = (cats == cat).to_numpy()
-                out[f"{name}/{metric_name(cat)}"] = accuracy([p for p, o in zip(preds, on) if o], list(df["answer"][on]),
-                                                             task, list(df["category"][on]))
+        out.update(_set_accuracy(name, df, preds, task))
         out[size] = len(df)
         cut += [t[0] for t in res.truncated]
         failed += [p is None for p in preds]
@@ -151,6 +161,8 @@ def model_metrics(sampler: Sampler, heldout: pd.DataFrame, ttt: pd.DataFrame, cf
         out["eval_extract_failure_rate"] = sum(failed) / len(failed)
     if heldout.empty or cfg.k == 0:
         return out
+    sampled = SamplingSpec(n=cfg.k, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
+                           batch_size=cfg.batch_size, stop_at=stop_at)
     res = sampler.generate(list(heldout["prompt"]), sampled, seed, desc="maj@k", progress=progress)
     votes = [vote_label([task.extract(x).answer for x in r], 0.0) for r in res]  # a tie: no answer
     out["maj_accuracy"] = accuracy(votes, list(heldout["answer"]), task, list(heldout["category"]))

@@ -114,83 +114,117 @@ DECLARATION = Declaration(
 )
 
 
+def _answer(args: argparse.Namespace, params: Params, heldout, ttt, task) -> tuple[object, dict, pd.DataFrame]:
+    """The model's answers to held-out and test-time problems (a stopped iteration replays its
+    predecessor's), their metrics, and the answers table with the frozen judge's P(Yes) where it is on."""
+    def engine():
+        return open_sampler(args.model, params.sample, params.security, args.base, params.model, args.engine)
+
+    cfg, again = params.evaluate, {}
+    if args.prev_eval and args.prev_history and args.stop and art.read_json(args.stop).get("stopped"):
+        # the predecessor's model, seed and problems: its greedy answers and its maj@k (same samples)
+        sampler = Replay(recorded_answers(art.read_table(args.prev_eval, art.EVAL), heldout, ttt,
+                                          derive_seed(params.seed, "evaluate"), task), engine)
+        before = art.read_json(args.prev_history)[-1]
+        cfg, again = cfg.model_copy(update={"k": 0}), {k: before[k] for k in MAJ if k in before}
+    else:
+        sampler = engine()
+    answers: list[dict] = []
+    metrics = model_metrics(sampler, heldout, ttt, cfg, derive_seed(params.seed, "evaluate"), task, answers=answers,
+                            base_samples=not args.base_eval,
+                            stop_at=answer_stop(task, params.sample.stop_at_answer)) | again
+    answers_df = pd.DataFrame(answers, columns=[f.name for f in art.EVAL if f.name != "iteration"])
+    answers_df.insert(0, "iteration", args.iteration)
+    if params.judge.frozen != FrozenJudge.none and not ttt.empty:
+        answers_df = frozen_yes(answers_df, ttt, params, args.base or args.model)
+    return sampler, metrics, answers_df
+
+
+def _against_previous(args: argparse.Namespace, params: Params, sampler, heldout) -> dict:
+    """Open prompts: the new model's win rate against the previous one, judged by the rubric."""
+    load = dict(security=params.security, base=args.base, model_cfg=params.model)
+    new = ModelHandle(sampler.model, sampler.tokenizer) if isinstance(sampler, HFSampler) else \
+        ModelHandle(*load_model(args.model, **load))
+    old = ModelHandle(*load_model(args.prev_model, **load))
+    return head_to_head(new, old, heldout, params.judge, load_template(template_path(params, "template")),
+                        params.evaluate.max_new_tokens, params.evaluate.batch_size,
+                        derive_seed(params.seed, "win-rate", args.iteration), params.model.max_length)
+
+
+def _iteration(args: argparse.Namespace, params: Params, task, heldout) -> tuple[dict, dict | None]:
+    """What the iteration trained on: judge, pairs and prompt metrics and the report's examples (it0: the
+    base model's training metrics), and the bstar stage's choice."""
+    metrics: dict = {}
+    train = art.read_json(args.train_metrics)
+    examples = None
+    if args.judgments:
+        judgments = art.read_table(args.judgments, art.JUDGMENTS)
+        pairs = art.read_table(args.pairs, art.PAIRS)
+        metrics.update(iteration_metrics(judgments, pairs, art.read_table(args.sft, art.SFT), train,
+                                         params.judge.entry.verdict, task))
+        examples = {"judged": records(judged_examples(judgments)), "pairs": records(pair_examples(pairs)),
+                    "datasets": {"pairs": dataset_record(args.pairs, pairs)}}
+        if args.prompts:
+            prompts = art.read_table(args.prompts, art.PROMPTS)
+            metrics.update(category_mix(prompts))
+            metrics.update(train_coverage(prompts, heldout))
+            examples["datasets"]["prompts"] = dataset_record(args.prompts, prompts)
+    else:
+        metrics.update({k: v for k, v in train.items() if isinstance(v, (int, float))})
+    if args.bstar:
+        picked = art.read_json(args.bstar)
+        metrics.update({"sample_temperature": picked["temperature"], "sft_min_reward": picked["threshold"]})
+        if picked.get("enabled"):
+            metrics.update({"bstar_balance": picked["balance"], "bstar_seconds": picked["seconds"]})
+    return metrics, examples
+
+
+def _ruled_out(task, ttt: pd.DataFrame) -> dict[str, frozenset] | None:
+    """Each test-time problem's answers the task rules out (judge.shortcut's), for the shortcut signals of
+    the label-free choice; None for a task that names none."""
+    if not hasattr(task, "ruled_out"):
+        return None
+    return {pid: task.ruled_out(prompt) for pid, prompt in zip(ttt["prompt_id"], ttt["prompt"])}
+
+
+def _stopped(args: argparse.Namespace) -> dict:
+    """Whether the loop had stopped before this iteration, and where and why (evolve's stop.json)."""
+    if not args.stop:
+        return {}
+    stop = art.read_json(args.stop)
+    out = {STOPPED: float(bool(stop.get("stopped")))}
+    if stop.get("stopped"):
+        out.update({"stop_at": stop.get("at"), "stop_reason": stop.get("reason")})
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     def body(args: argparse.Namespace, params: Params) -> None:
         step = params.iteration_index(args.iteration)
         set_threads()
         heldout = art.read_table(args.heldout, art.PROMPTS)
         ttt = art.read_table(args.ttt, art.PROMPTS)
-        metrics = {"iteration": args.iteration, "step": step}
         task = task_for(params.task)
-
-        def engine():
-            return open_sampler(args.model, params.sample, params.security, args.base, params.model, args.engine)
-
-        cfg, again = params.evaluate, {}
-        if args.prev_eval and args.prev_history and args.stop and art.read_json(args.stop).get("stopped"):
-            # the predecessor's model, seed and problems: its greedy answers and its maj@k (same samples)
-            sampler = Replay(recorded_answers(art.read_table(args.prev_eval, art.EVAL), heldout, ttt,
-                                              derive_seed(params.seed, "evaluate"), task), engine)
-            before = art.read_json(args.prev_history)[-1]
-            cfg, again = cfg.model_copy(update={"k": 0}), {k: before[k] for k in MAJ if k in before}
-        else:
-            sampler = engine()
-        answers: list[dict] = []
-        metrics.update(model_metrics(sampler, heldout, ttt, cfg, derive_seed(params.seed, "evaluate"),
-                                     task, answers=answers, base_samples=not args.base_eval,
-                                     stop_at=answer_stop(task, params.sample.stop_at_answer)) | again)
-        answers_df = pd.DataFrame(answers, columns=[f.name for f in art.EVAL if f.name != "iteration"])
-        answers_df.insert(0, "iteration", args.iteration)
-        if params.judge.frozen != FrozenJudge.none and not ttt.empty:
-            answers_df = frozen_yes(answers_df, ttt, params, args.base or args.model)
+        metrics = {"iteration": args.iteration, "step": step}
+        sampler, answered, answers_df = _answer(args, params, heldout, ttt, task)
+        metrics.update(answered)
         base_eval = art.read_table(args.base_eval, art.EVAL) if args.base_eval else None
         if base_eval is not None:
             metrics.update(gains(base_eval, answers_df))
         metrics.update(floor_metrics(floor_table(task, heldout, ttt), answers_df))  # the shortcut floors
-        metrics.update(choice.signals(answers_df, base_eval))
+        metrics.update(choice.signals(answers_df, base_eval, _ruled_out(task, ttt)))
         if args.prev_model and task.open_ended:  # open prompts: the new model against the old
-            load = dict(security=params.security, base=args.base, model_cfg=params.model)
-            new = ModelHandle(sampler.model, sampler.tokenizer) if isinstance(sampler, HFSampler) else \
-                ModelHandle(*load_model(args.model, **load))
-            old = ModelHandle(*load_model(args.prev_model, **load))
-            metrics.update(head_to_head(new, old, heldout, params.judge, load_template(template_path(params, "template")),
-                                        params.evaluate.max_new_tokens, params.evaluate.batch_size,
-                                        derive_seed(params.seed, "win-rate", args.iteration),
-                                        params.model.max_length))
-        train = art.read_json(args.train_metrics)
-        examples = None
-        if args.judgments:
-            judgments = art.read_table(args.judgments, art.JUDGMENTS)
-            pairs = art.read_table(args.pairs, art.PAIRS)
-            metrics.update(iteration_metrics(judgments, pairs, art.read_table(args.sft, art.SFT), train,
-                                             params.judge.entry.verdict, task))
-            examples = {"judged": records(judged_examples(judgments)), "pairs": records(pair_examples(pairs)),
-                        "datasets": {"pairs": dataset_record(args.pairs, pairs)}}
-            if args.prompts:
-                prompts = art.read_table(args.prompts, art.PROMPTS)
-                metrics.update(category_mix(prompts))
-                metrics.update(train_coverage(prompts, heldout))
-                examples["datasets"]["prompts"] = dataset_record(args.prompts, prompts)
-        else:
-            metrics.update({k: v for k, v in train.items() if isinstance(v, (int, float))})
-        if args.bstar:
-            picked = art.read_json(args.bstar)
-            metrics.update({"sample_temperature": picked["temperature"], "sft_min_reward": picked["threshold"]})
-            if picked.get("enabled"):
-                metrics.update({"bstar_balance": picked["balance"], "bstar_seconds": picked["seconds"]})
+            metrics.update(_against_previous(args, params, sampler, heldout))
+        trained, examples = _iteration(args, params, task, heldout)
+        metrics.update(trained)
         if args.examples:
             if examples is None:
                 raise ConfigError("evaluate: --examples needs the iteration's --judgments and --pairs")
             art.write_json(examples, args.examples)
         if args.eval_out:
             art.write_table(answers_df, args.eval_out, art.EVAL,
-                            stage_provenance("evaluate", args.iteration, params, None,
-                                             [args.eval_out]))
-        if args.stop:
-            stop = art.read_json(args.stop)
-            metrics.update({STOPPED: float(bool(stop.get("stopped")))})
-            if stop.get("stopped"):
-                metrics.update({"stop_at": stop.get("at"), "stop_reason": stop.get("reason")})
+                            stage_provenance("evaluate", args.iteration, params, None, [args.eval_out]))
+        metrics.update(_stopped(args))
         metrics = {k: v for k, v in metrics.items() if v is not None}
         if args.history:
             art.write_json((art.read_json(args.prev_history) if args.prev_history else []) + [metrics], args.history,

@@ -47,6 +47,50 @@ DECLARATION = Declaration(
 )
 
 
+def _write(args: argparse.Namespace, params: Params, df: pd.DataFrame, shown: dict, alarm: list[str]) -> None:
+    """The figures, the summary and the per-iteration table, each whole or not at all."""
+    figures = Path(args.figures)
+    with art.atomic_path(figures, is_dir=True) as tmp:
+        tmp.mkdir(parents=True, exist_ok=True)
+        names = plot(df, tmp)
+    rel = [os.path.relpath(figures / n, Path(args.summary).parent) for n in names]
+    with art.atomic_path(args.summary) as tmp:
+        tmp.write_text(summary_markdown(df, params, rel, shown, alarm), encoding="utf-8")
+    keep = ["iteration", "step"] + [k for k, _ in COLUMNS if k in df.columns]
+    keep += sorted(k for k in df.columns if k.startswith(art.MIX_PREFIX))
+    with art.atomic_path(args.table) as tmp:
+        df[keep].to_csv(tmp, index=False)
+
+
+def _tags(df: pd.DataFrame, alarm: list[str]) -> dict[str, str]:
+    """The loop's MLflow tags from its results: the alarm, the recommended iteration, where it stopped."""
+    tags = {"reward_hacking_alarm": "; ".join(alarm) if alarm else "quiet",
+            "recommended_iteration": recommend(history(df))["iteration"]}
+    stopped = [r for r in history(df) if r.get("stopped")]
+    if stopped:
+        tags["stopped_after"] = str(stopped[0].get("stop_at"))
+    return tags
+
+
+def _records(df: pd.DataFrame, examples: dict, shown: dict, alarm: list[str]) -> list[IterationRecord]:
+    """One MLflow child run per iteration: its metrics, whether the alarm names it, its datasets and examples."""
+    fired = {a.split(":", 1)[0] for a in alarm}
+    records = []
+    for row in df.to_dict("records"):
+        it = row["iteration"]
+        ex = examples.get(it, {})
+        tables = {f"examples/{it}_judged.json": shown[it]} if it in shown else {}
+        if "pairs" in ex:
+            tables[f"examples/{it}_pairs.json"] = pd.DataFrame(ex["pairs"], columns=art.PAIR_EXAMPLE_COLUMNS)
+        records.append(IterationRecord(
+            iteration=it, step=int(row["step"]),
+            metrics={**numeric(row), "reward_hacking_alarm": float(it in fired)},
+            datasets=[(kind, ex["datasets"][kind]) for kind in ("prompts", "pairs") if kind in ex.get("datasets", {})],
+            tables=tables,
+        ))
+    return records
+
+
 def main(argv: list[str] | None = None) -> None:
     def body(args: argparse.Namespace, params: Params) -> None:
         df, examples = load_iterations(args.iterations, params)
@@ -60,40 +104,10 @@ def main(argv: list[str] | None = None) -> None:
             if missing:
                 raise ConfigError(f"report --resend: {missing} missing; run the report first (dvc repro)")
         else:
-            with art.atomic_path(figures, is_dir=True) as tmp:
-                tmp.mkdir(parents=True, exist_ok=True)
-                names = plot(df, tmp)
-            rel = [os.path.relpath(figures / n, Path(args.summary).parent) for n in names]
-            with art.atomic_path(args.summary) as tmp:
-                tmp.write_text(summary_markdown(df, params, rel, shown, alarm), encoding="utf-8")
-            keep = ["iteration", "step"] + [k for k, _ in COLUMNS if k in df.columns]
-            keep += sorted(k for k in df.columns if k.startswith(art.MIX_PREFIX))
-            with art.atomic_path(args.table) as tmp:
-                df[keep].to_csv(tmp, index=False)
-
+            _write(args, params, df, shown, alarm)
         started = time.perf_counter()
         name, tags = run_identity()
-        tags["reward_hacking_alarm"] = "; ".join(alarm) if alarm else "quiet"
-        tags["recommended_iteration"] = recommend(history(df))["iteration"]
-        stopped = [r for r in history(df) if r.get("stopped")]
-        if stopped:
-            tags["stopped_after"] = str(stopped[0].get("stop_at"))
-        fired = {a.split(":", 1)[0] for a in alarm}
-        records = []
-        for row in df.to_dict("records"):
-            it = row["iteration"]
-            ex = examples.get(it, {})
-            tables = {f"examples/{it}_judged.json": shown[it]} if it in shown else {}
-            if "pairs" in ex:
-                tables[f"examples/{it}_pairs.json"] = pd.DataFrame(ex["pairs"], columns=art.PAIR_EXAMPLE_COLUMNS)
-            records.append(IterationRecord(
-                iteration=it, step=int(row["step"]),
-                metrics={**numeric(row), "reward_hacking_alarm": float(it in fired)},
-                datasets=[(kind, ex["datasets"][kind]) for kind in ("prompts", "pairs")
-                          if kind in ex.get("datasets", {})],
-                tables=tables,
-            ))
-        record = LoopRecord(name, flatten(params), tags, records,
+        record = LoopRecord(name, flatten(params), tags | _tags(df, alarm), _records(df, examples, shown, alarm),
                             [Path(args.summary), figures, Path(args.table)])
         tracker = make_tracker(params.tracking)
         if args.resend and isinstance(tracker, NoOpTracker):

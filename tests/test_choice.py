@@ -223,3 +223,42 @@ def test_choice_check_counts_replayed_loops_on_their_replayed_signals(tmp_path):
         replayed(path, kept)
     with pytest.raises(SystemExit, match="--replayed .*missing.json"):
         replayed(tmp_path / "missing.json", kept)
+
+
+def test_the_clean_agreement_leaves_out_answers_the_task_rules_out():
+    """Wordings that agree on an answer the task rules out (the sum of the question's numbers on a
+    subtraction) count for the supported agreement, not for the clean one; without ruled-out answers the
+    shortcut signals are not recorded, so a task that names none records what it did before."""
+    df = _eval(["12", "40", "5", None], ["12", "40", "6", None])
+    support = {f"p{i}": {"12", "40", "5"} for i in range(4)}
+    per = per_problem(df, support, {"p0": frozenset(), "p1": frozenset({"40"}), "p2": frozenset({"5"})})
+    assert list(per["lf_supported_agreement"]) == [1.0, 1.0, 0.0, 0.0]
+    assert list(per["lf_clean_agreement"]) == [1.0, 0.0, 0.0, 0.0]
+    assert per["lf_shortcut_share"].tolist()[:3] == [0.0, 1.0, 1.0] and per["lf_shortcut_share"].isna().tolist()[3]
+    assert not {"lf_clean_agreement", "lf_shortcut_share"} & set(signals(df))
+    sampled = pd.concat([df, pd.DataFrame([{"set": SAMPLE_SET, "prompt_id": f"p{i}", "pred": a}
+                                            for i in range(4) for a in ("12", "40", "5")])])
+    on = signals(df, sampled, {"p1": frozenset({"40"})})
+    assert on["lf_clean_agreement"] == pytest.approx(0.25) and on["lf_shortcut_share"] == pytest.approx(1 / 3)
+    assert on["lf_clean_agreement_gain"] == 0.0
+
+
+def test_near_best_takes_the_latest_candidate_whose_agreement_has_not_fallen_beyond_noise():
+    """A six-iteration loop collapsing onto the shortcut: the clean agreement peaks, then falls while every
+    iteration stays a candidate. `near_best` keeps the peak; where the signal only wobbles within one s.e.
+    of the highest it is `latest`. With `shortcut` off the rule reads the supported agreement."""
+    def row(it, clean, lo, supported):
+        return {"iteration": it, "lf_clean_agreement": clean, "lf_clean_agreement_se": 0.04,
+                "lf_clean_agreement_gain_lo": lo, "lf_supported_agreement": supported,
+                "lf_supported_agreement_gain_lo": lo, "lf_distinct": 0.5, "lf_mode_share": 0.03}
+    h = [row("it0", 0.06, None, 0.06), row("it1", 0.17, 0.04, 0.17), row("it2", 0.21, 0.07, 0.21),
+         row("it3", 0.28, 0.13, 0.28), row("it4", 0.22, 0.08, 0.26), row("it5", 0.20, 0.06, 0.31),
+         row("it6", 0.16, 0.03, 0.36)]
+    near = Rule(0.02, -0.10, "near_best", False, shortcut=True)
+    rec = recommend(h, near)
+    assert rec["iteration"] == "it3"
+    assert "within one s.e. of the highest supported agreement on answers the task does not rule out" in rec["reason"]
+    assert recommend(h, dataclasses.replace(near, pick="latest"))["iteration"] == "it6"
+    assert recommend(h, dataclasses.replace(near, shortcut=False))["iteration"] == "it6"  # the sum agrees too
+    wobble = h[:4] + [row("it4", 0.25, 0.10, 0.30)]
+    assert recommend(wobble, near)["iteration"] == "it4"  # 0.25 is within 0.04 of 0.28

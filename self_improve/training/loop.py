@@ -228,15 +228,7 @@ def fit(
     run = _prepare(model, schedule, accelerator)
     if batch_size < run.world:
         raise TrainingError(f"batch_size {batch_size} is smaller than the {run.world} training processes")
-    state = checkpoints.load() if checkpoints else None
-    if state is not None and state.get("sharded", False) != run.sharded:
-        log.info("%s: checkpoint written %s FSDP; training from the start", desc,
-                 "with" if not run.sharded else "without")
-        state = None
-    start = 0
-    if state is not None:
-        train_log, start = _resume(run, model, state), state["step"]
-        log.info("%s: resuming from the checkpoint at step %d of %d", desc, start, schedule.steps)
+    train_log, start = _resumed(run, model, checkpoints, schedule.steps, desc)
     ema: float | None = None
     for loss in train_log.losses:
         ema = loss if ema is None else 0.9 * ema + 0.1 * loss
@@ -249,12 +241,7 @@ def fit(
                                    weight_fn, length_fn, autocast)
         if not torch.isfinite(value):
             raise TrainingError(f"{desc}: loss is {value.item()} at step {step}; stopping without writing a model")
-        if accelerator is not None:
-            accelerator.clip_grad_norm_(run.params, max_grad_norm)
-        else:
-            torch.nn.utils.clip_grad_norm_(run.params, max_grad_norm)
-        run.opt.step()
-        run.sched.step()
+        _optimiser_step(run, accelerator, max_grad_norm)
         train_log.add(value.item(), **stats)
         bar.update(1)
         ema = value.item() if ema is None else 0.9 * ema + 0.1 * value.item()
@@ -269,6 +256,31 @@ def fit(
     if checkpoints:
         checkpoints.finish(len(train_log.losses))
     return train_log
+
+
+def _resumed(run: "_Run", model: torch.nn.Module, checkpoints: Checkpoints | None, steps: int,
+             desc: str) -> tuple[TrainLog, int]:
+    """The log and the step a run starts from: a matching checkpoint's, else an empty log at step 0 (a
+    checkpoint written with FSDP does not resume a run without it, nor the other way round)."""
+    state = checkpoints.load() if checkpoints else None
+    if state is not None and state.get("sharded", False) != run.sharded:
+        log.info("%s: checkpoint written %s FSDP; training from the start", desc,
+                 "with" if not run.sharded else "without")
+        state = None
+    if state is None:
+        return TrainLog(), 0
+    log.info("%s: resuming from the checkpoint at step %d of %d", desc, state["step"], steps)
+    return _resume(run, model, state), state["step"]
+
+
+def _optimiser_step(run: "_Run", accelerator, max_grad_norm: float) -> None:
+    """Clip the accumulated gradient's norm, step the optimiser and the learning-rate schedule."""
+    if accelerator is not None:
+        accelerator.clip_grad_norm_(run.params, max_grad_norm)
+    else:
+        torch.nn.utils.clip_grad_norm_(run.params, max_grad_norm)
+    run.opt.step()
+    run.sched.step()
 
 
 @dataclass
