@@ -125,9 +125,17 @@ STUDIES = (
         "Which iteration to keep, chosen without labels",
         "python -m research.choice_check",
         "research/results/choice_check.md", (),
-        "The rule picks within one standard error of the best iteration in 111 of the 122 kept runs that gained, "
-        "and below it0 beyond noise in 1 of 218. Refitted with each recipe left out its recall falls to 77 of 122; "
+        "The rule picks within one standard error of the best iteration in 114 of the 127 kept runs that gained, "
+        "and below it0 beyond noise in 1 of 223. Refitted with each recipe left out its recall falls to 80 of 127; "
         "refitted without the gym recipe, it picks none of that recipe's 36 gains."),
+    Study(
+        "Choosing past the shortcut: the agreement on answers the task does not rule out",
+        "python -m research.shortcut_choice research/results/smollm2_v3_long  # and smollm2_v3_arms",
+        "research/results/smollm2_v3_long/choice_shortcut.md", (),
+        "Over six iterations the recorded rule picks the collapsed it6 on both ungated seeds (0.277 and 0.365). "
+        "Reading the clean agreement and taking the latest candidate near its highest picks it3 (0.334, the best) "
+        "and it4 (0.418, best 0.432). On the three-iteration V3 arms it loses two picks, so the fitted rule keeps "
+        "the recorded signal."),
     Study(
         "Is the self-judge fooling itself?",
         "python -m research.alarm_check",

@@ -138,6 +138,13 @@ class Declaration:
         return next(a for a in self.args if a.flag == flag)
 
 
+# the arguments many stages share
+ITERATION = Arg("--iteration", "value", required=True)
+BASE = Arg("--base", "in", "the base model (it0) that adapter chains apply to")
+ENGINE = Arg("--engine", "in", "the model's engine dir (its CTranslate2 conversion)")
+STARTING_MODEL = Arg("--model", "in", "the iteration's starting model", required=True)
+
+
 def run_stage(
     name: str,
     add_args: Callable[[argparse.ArgumentParser], None],

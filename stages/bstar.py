@@ -11,7 +11,18 @@ import argparse
 from self_improve import artifacts as art
 from self_improve.bstar import off, sweep
 from self_improve.config import Params
-from self_improve.stage import Arg, Declaration, Run, derive_seed, run_stage, stage_provenance
+from self_improve.stage import (
+    BASE,
+    ENGINE,
+    ITERATION,
+    STARTING_MODEL,
+    Arg,
+    Declaration,
+    Run,
+    derive_seed,
+    run_stage,
+    stage_provenance,
+)
 
 # the params keys this stage reads: dvc.yaml's params for it, and its provenance
 PARAMS = ("seed", "model", "task", "sample", "judge", "pairs.sft_min_reward", "security")
@@ -19,11 +30,11 @@ PARAMS = ("seed", "model", "task", "sample", "judge", "pairs.sft_min_reward", "s
 
 DECLARATION = Declaration(
     args=(
-        Arg("--iteration", "value", required=True),
+        ITERATION,
         Arg("--prompts", "in", "this iteration's prompts", required=True),
-        Arg("--model", "in", "the iteration's starting model", required=True),
-        Arg("--base", "in", "the base model (it0) that adapter chains apply to"),
-        Arg("--engine", "in", "the model's engine dir (its CTranslate2 conversion)"),
+        STARTING_MODEL,
+        BASE,
+        ENGINE,
         Arg("--out", "out", "the chosen temperature and threshold (json)", required=True),
     ),
     params=PARAMS,

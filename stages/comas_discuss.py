@@ -14,7 +14,7 @@ from self_improve.config import Params
 from self_improve.engines.hf import SamplingSpec
 from self_improve.engines.sampler import open_sampler
 from self_improve.models.loading import set_threads
-from self_improve.stage import Arg, Declaration, Run, derive_seed, run_stage, stage_provenance
+from self_improve.stage import ITERATION, Arg, Declaration, Run, derive_seed, run_stage, stage_provenance
 from self_improve.tasks import task_for
 
 # the params keys this stage reads: comas/dvc.yaml's params for it, and its provenance
@@ -24,7 +24,7 @@ PARAMS = ("seed", "model", "task", "evolve", "agents", "sample.top_p", "sample.b
 
 DECLARATION = Declaration(
     args=(
-        Arg("--iteration", "value", required=True),
+        ITERATION,
         Arg("--agents", "in", "the previous iteration's agents", required=True),
         Arg("--base", "in", "the base model (it0) that adapter chains apply to", required=True),
         Arg("--heldout", "in", "held-out problems (never discussed)", required=True),

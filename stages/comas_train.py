@@ -17,7 +17,7 @@ from self_improve.agents.discussion import TRANSCRIPTS, buffer
 from self_improve.agents.roster import agent_dir, agent_model
 from self_improve.config import ConfigError, Params
 from self_improve.models.loading import load_model, save_adapter_chain, set_threads
-from self_improve.stage import Arg, Declaration, Run, derive_seed, run_stage, stage_provenance
+from self_improve.stage import ITERATION, Arg, Declaration, Run, derive_seed, run_stage, stage_provenance
 from self_improve.training.iteration import prepare_precision, train
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ PARAMS = ("seed", "model", "train", "agents.n", "security")
 
 DECLARATION = Declaration(
     args=(
-        Arg("--iteration", "value", required=True),
+        ITERATION,
         Arg("--agents", "in", "the previous iteration's agents", required=True),
         Arg("--base", "in", "the base model (it0) that adapter chains apply to", required=True),
         Arg("--transcripts", "in", "this iteration's discussions", required=True),

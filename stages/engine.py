@@ -18,7 +18,7 @@ import logging
 from self_improve import artifacts as art
 from self_improve.config import Params
 from self_improve.engines.engine import prepare
-from self_improve.stage import Arg, Declaration, Run, run_stage, stage_provenance
+from self_improve.stage import BASE, ITERATION, Arg, Declaration, Run, run_stage, stage_provenance
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +29,9 @@ PARAMS = ("model", "sample.backend", "security")
 
 DECLARATION = Declaration(
     args=(
-        Arg("--iteration", "value", required=True),
+        ITERATION,
         Arg("--model", "in", "the iteration's model", required=True),
-        Arg("--base", "in", "the base model (it0) that adapter chains apply to"),
+        BASE,
         Arg("--out", "out", "the engine dir (engine.json, and the converted model)", required=True),
     ),
     params=PARAMS,

@@ -39,7 +39,18 @@ from self_improve.judges import (
 )
 from self_improve.judges.rubric import load_template
 from self_improve.models.loading import load_model, set_threads
-from self_improve.stage import Arg, Declaration, Run, derive_seed, note_timing, run_stage, stage_provenance
+from self_improve.stage import (
+    BASE,
+    ENGINE,
+    ITERATION,
+    Arg,
+    Declaration,
+    Run,
+    derive_seed,
+    note_timing,
+    run_stage,
+    stage_provenance,
+)
 from self_improve.stopping import STOPPED
 from self_improve.tasks import answer_stop, task_for
 from self_improve.tracking import log_as_it_ends
@@ -63,10 +74,10 @@ JUDGE_TEMPLATES = ("${judge.template}  # the rubric the params name",
                    "${judge.correct_template}  # judge.frozen: the base model's P(Yes) for each answer")
 DECLARATION = Declaration(
     args=(
-        Arg("--iteration", "value", required=True),
+        ITERATION,
         Arg("--model", "in", "the model to evaluate", required=True),
-        Arg("--base", "in", "the base model (it0) that adapter chains apply to"),
-        Arg("--engine", "in", "the model's engine dir (its CTranslate2 conversion)"),
+        BASE,
+        ENGINE,
         Arg("--heldout", "in", "held-out problems", required=True),
         Arg("--ttt", "in", "test-time problems", required=True),
         Arg("--train-metrics", "in", "training metrics of this model", required=True),

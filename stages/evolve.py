@@ -11,7 +11,7 @@ from self_improve import artifacts as art
 from self_improve.config import EvolveStrategy, Params
 from self_improve.curriculum import BanditState
 from self_improve.evolution import model_writer, next_curriculum
-from self_improve.stage import Arg, Declaration, Run, derive_seed, run_stage, stage_provenance
+from self_improve.stage import BASE, ITERATION, Arg, Declaration, Run, derive_seed, run_stage, stage_provenance
 from self_improve.stopping import decide
 from self_improve.tasks import ProposeInput, task_for
 
@@ -24,14 +24,14 @@ PARAMS = (
 
 DECLARATION = Declaration(
     args=(
-        Arg("--iteration", "value", required=True),
+        ITERATION,
         Arg("--ttt", "in", "test-time problems", required=True),
         Arg("--heldout", "in", "held-out problems (never posed)", required=True),
         Arg("--prev-judgments", "in", "previous iteration's judgments", required=True),
         Arg("--seed-data", "in", "the base model's SFT data (SPIN's references)", required=True),
         Arg("--prev-curriculum", "in", "the bandit state after the previous iteration", required=True),
         Arg("--model", "in", "the iteration's starting model (it rewrites prompts of a prompt file)", required=True),
-        Arg("--base", "in", "the base model (it0) that adapter chains apply to"),
+        BASE,
         Arg("--out", "out", "this iteration's prompts", required=True),
         Arg("--curriculum", "out", "the bandit state of this iteration (json)", required=True),
         Arg("--history", "in", "the metrics of it0 .. the previous iteration (evaluate's history.json)",

@@ -15,7 +15,7 @@ import logging
 from self_improve import artifacts as art
 from self_improve.config import Params
 from self_improve.judges import ModelHandle, context, judge_quality, judge_samples, needs
-from self_improve.stage import Arg, Declaration, Run, derive_seed, run_stage, stage_provenance
+from self_improve.stage import BASE, ITERATION, Arg, Declaration, Run, derive_seed, run_stage, stage_provenance
 from self_improve.tasks import task_for
 
 log = logging.getLogger(__name__)
@@ -30,10 +30,10 @@ PARAMS = (
 
 DECLARATION = Declaration(
     args=(
-        Arg("--iteration", "value", required=True),
+        ITERATION,
         Arg("--samples", "in", "samples (parquet)", required=True),
         Arg("--model", "in", "the model that wrote the samples", required=True),
-        Arg("--base", "in", "the base model (it0) that adapter chains apply to"),
+        BASE,
         Arg("--ref-model", "in", "the model before it (for it1: the base before its warm-up)", required=True),
         Arg("--out", "out", "judgments (parquet)", required=True),
     ),

@@ -8,7 +8,7 @@ import argparse
 from self_improve import artifacts as art
 from self_improve.config import Params
 from self_improve.pairs import build, groups, spin_pairs
-from self_improve.stage import Arg, Declaration, Run, derive_seed, run_stage, stage_provenance
+from self_improve.stage import ITERATION, Arg, Declaration, Run, derive_seed, run_stage, stage_provenance
 
 # the params keys this stage reads: dvc.yaml's params for it, and its provenance
 PARAMS = ("seed", "pairs", "train.algorithm")
@@ -16,7 +16,7 @@ PARAMS = ("seed", "pairs", "train.algorithm")
 
 DECLARATION = Declaration(
     args=(
-        Arg("--iteration", "value", required=True),
+        ITERATION,
         Arg("--judgments", "in", "judgments (parquet)", required=True),
         Arg("--pairs", "out", "preference pairs (parquet)", required=True),
         Arg("--sft", "out", "best-judged samples (parquet)", required=True),

@@ -11,7 +11,18 @@ from self_improve.config import Params
 from self_improve.engines.sampler import open_sampler
 from self_improve.models.loading import set_threads
 from self_improve.sampling import sample
-from self_improve.stage import Arg, Declaration, Run, derive_seed, run_stage, stage_provenance
+from self_improve.stage import (
+    BASE,
+    ENGINE,
+    ITERATION,
+    STARTING_MODEL,
+    Arg,
+    Declaration,
+    Run,
+    derive_seed,
+    run_stage,
+    stage_provenance,
+)
 from self_improve.tasks import task_for
 
 # the params keys this stage reads: dvc.yaml's params for it, and its provenance (the judge's keys that
@@ -22,11 +33,11 @@ PARAMS = ("seed", "model", "task", "sample", "security", "judge.method", "judge.
 
 DECLARATION = Declaration(
     args=(
-        Arg("--iteration", "value", required=True),
+        ITERATION,
         Arg("--prompts", "in", "this iteration's prompts", required=True),
-        Arg("--model", "in", "the iteration's starting model", required=True),
-        Arg("--base", "in", "the base model (it0) that adapter chains apply to"),
-        Arg("--engine", "in", "the model's engine dir (its CTranslate2 conversion)"),
+        STARTING_MODEL,
+        BASE,
+        ENGINE,
         Arg("--bstar", "in", "the bstar stage's choice (its temperature is used); none: sample.temperature"),
         Arg("--out", "out", "samples (parquet)", required=True),
     ),

@@ -17,7 +17,18 @@ from self_improve.models.loading import (
     save_model,
     set_threads,
 )
-from self_improve.stage import Arg, Declaration, Run, derive_seed, note_timing, run_stage, stage_provenance
+from self_improve.stage import (
+    BASE,
+    ITERATION,
+    STARTING_MODEL,
+    Arg,
+    Declaration,
+    Run,
+    derive_seed,
+    note_timing,
+    run_stage,
+    stage_provenance,
+)
 from self_improve.training.iteration import fingerprint, prepare_precision, train
 from self_improve.training.loop import Checkpoints
 
@@ -29,9 +40,9 @@ PARAMS = ("seed", "model", "train", "security")
 
 DECLARATION = Declaration(
     args=(
-        Arg("--iteration", "value", required=True),
-        Arg("--model", "in", "the iteration's starting model", required=True),
-        Arg("--base", "in", "the base model (it0) that adapter chains apply to"),
+        ITERATION,
+        STARTING_MODEL,
+        BASE,
         Arg("--pairs", "in", "preference pairs", required=True),
         Arg("--sft", "in", "best-judged samples", required=True),
         Arg("--groups", "in", "GRPO groups", required=True),
