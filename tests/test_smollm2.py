@@ -94,6 +94,9 @@ def test_one_iteration_on_smollm2(tmp_path, monkeypatch):
     assert {"accuracy", "ttt_accuracy", "eval_extract_failure_rate"} <= set(m)
     assert m["lf_base_support_gain_lo"] <= m["lf_base_support_gain"] <= m["lf_base_support_gain_hi"]
     assert m["lf_supported_agreement"] <= m["lf_agreement"]
+    # word problems rule the sum out where a step is not an addition: the clean agreement leaves it out
+    assert m["lf_clean_agreement"] <= m["lf_supported_agreement"] and 0 <= m["lf_shortcut_share"] <= 1
+    assert "lf_clean_agreement_gain_lo" in m
     assert m["num_pairs"] > 0 and m["train_steps"] >= 1
     judged = art.read_table(tmp_path / "it1/judgments.parquet", art.JUDGMENTS)
     assert m["truncated_share"] == pytest.approx(judged["truncated"].mean())
