@@ -16,6 +16,7 @@ from typing import Callable
 
 from self_improve.artifacts import provenance
 from self_improve.config import Params, load_params
+from self_improve.cpu import WAIT_DECISION
 from self_improve.errors import PipelineError
 
 
@@ -198,7 +199,8 @@ def _record_timing(stage: str, iteration: str | None, body_seconds: float) -> No
     if not path or os.environ.get("RANK", "0") != "0":  # under a launcher, one row: the main process's
         return
     row = {"stage": stage, "iteration": iteration, "seconds": body_seconds,
-           "process_seconds": process_seconds(), **_EXTRA_TIMINGS}
+           "process_seconds": process_seconds(), **_EXTRA_TIMINGS,
+           **{k: WAIT_DECISION.get(k) for k in ("omp_wait", "others_busy")}}
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")
 
