@@ -12,7 +12,7 @@ from prefect import flow
 from pydantic import Field
 
 from runners.dag import COMAS_FILE, comas_order, install_comas
-from .loop import PATH_PATTERN, run_flow
+from .loop import NAME_PATTERN, PATH_PATTERN, on_cancelled, run_flow
 
 # (flow parameter, params.yaml key) for every override the form offers
 OVERRIDES = {
@@ -23,7 +23,7 @@ OVERRIDES = {
 }
 
 
-@flow(name="self-improve-comas", log_prints=True, validate_parameters=True)
+@flow(name="self-improve-comas", log_prints=True, validate_parameters=True, on_cancellation=[on_cancelled])
 def self_improve_comas(
     repo: Annotated[str, Field(pattern=PATH_PATTERN, description="the repo the run works on: the one the flow "
                                                                  "was served or deployed with")] = ".",
@@ -34,7 +34,7 @@ def self_improve_comas(
     rounds: Optional[Annotated[int, Field(ge=1, le=8, description="agents.rounds")]] = None,
     problems: Optional[Annotated[int, Field(ge=1, description="agents.problems")]] = None,
     seed: Optional[Annotated[int, Field(ge=0, description="seed")]] = None,
-    experiment_name: Optional[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$",
+    experiment_name: Optional[Annotated[str, Field(pattern=NAME_PATTERN,
                                                    description="DVC experiment name")]] = None,
 ) -> list[str]:
     """Run every stage of a CoMAS run in dependency order; returns the stage names."""

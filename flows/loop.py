@@ -17,6 +17,7 @@ parameter model from them.
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -43,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]  # the checkout this flow's code runs
 REPOS_ENV = "SELF_IMPROVE_REPOS"  # more repos a flow may work on (os.pathsep-separated), set where it is served
 # a path parameter: printable, no control characters, at most 4,096 characters
 PATH_PATTERN = r"^[^\x00-\x1f\x7f]{1,4096}$"
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$"  # a DVC experiment's, a flow run's worktree's
 
 
 def allowed_repos() -> list[Path]:
@@ -161,6 +163,33 @@ def make_worktree(repo: Path, name: str, params: dict) -> Path:
     return work
 
 
+def remove_worktree(root: Path, work: Path) -> None:
+    subprocess.run(["git", "worktree", "remove", "--force", str(work)], cwd=root, capture_output=True)
+    shutil.rmtree(work, ignore_errors=True)
+    subprocess.run(["git", "worktree", "prune"], cwd=root, capture_output=True)
+
+
+def on_cancelled(flow, flow_run, state) -> None:
+    """The flows' `on_cancellation` hook, run by the serving process once it has stopped the cancelled
+    run's process: removes a worktree the run left behind and ends the run's log saying it was
+    cancelled (the stopped engine's own last line gives the state it had seen: Running)."""
+    from prefect.logging.loggers import flow_run_logger
+
+    params = flow_run.parameters or {}
+    name = params.get("experiment_name") or f"flow-{flow_run.name or 'run'}"
+    try:  # the parameters are the run's, as its flow validated them; checked again before removing anything
+        root = check_repo(str(params.get("repo") or "."))
+        work = root / ".dvc" / "tmp" / "flows" / name if re.fullmatch(NAME_PATTERN, name) else None
+    except ValueError:
+        work = None
+    left = work is not None and work.exists()
+    if left:
+        remove_worktree(root, work)
+    flow_run_logger(flow_run, flow).info(
+        "Cancelled: %s The run's process was stopped; %s.", state.message or "the run was cancelled.",
+        f"its worktree {work} was removed" if left else "it left no worktree")
+
+
 def _iteration_markdown(metrics: dict) -> str:
     rows = "\n".join(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |"
                      for k, v in sorted(metrics.items()))
@@ -179,7 +208,7 @@ def _publish(workdir: Path, stage: str, rows: list[dict]) -> None:
                              description=f"metrics of iteration {it or 'it0'}")
 
 
-@flow(name="self-improve-loop", log_prints=True, validate_parameters=True)
+@flow(name="self-improve-loop", log_prints=True, validate_parameters=True, on_cancellation=[on_cancelled])
 def self_improve_loop(
     repo: Annotated[str, Field(pattern=PATH_PATTERN, description="the repo the run works on: the one the flow "
                                                                  "was served or deployed with")] = ".",
@@ -197,7 +226,7 @@ def self_improve_loop(
                                                       "and RAFT threshold each iteration")]] = None,
     epochs: Optional[Annotated[int, Field(ge=1, le=100, description="train.epochs")]] = None,
     seed: Optional[Annotated[int, Field(ge=0, description="seed")]] = None,
-    experiment_name: Optional[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$",
+    experiment_name: Optional[Annotated[str, Field(pattern=NAME_PATTERN,
                                                    description="DVC experiment name")]] = None,
 ) -> list[str]:
     """Run every stage of the loop in dependency order; returns the stage names.
@@ -248,9 +277,7 @@ def run_flow(repo: str, recipe: str | None, given: dict, experiment_name: str | 
         logger.info("saved as DVC experiment %s: see `dvc exp show`", name)
         return stages
     finally:  # the experiment and the DVC cache keep the results; the worktree goes
-        subprocess.run(["git", "worktree", "remove", "--force", str(work)], cwd=root, capture_output=True)
-        shutil.rmtree(work, ignore_errors=True)
-        subprocess.run(["git", "worktree", "prune"], cwd=root, capture_output=True)
+        remove_worktree(root, work)
 
 
 def _run_stages(workdir: Path, env: dict[str, str], rows: list[dict],

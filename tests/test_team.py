@@ -4,12 +4,13 @@ team servers refuse to start open beyond loopback, and no secret of the environm
 
 from __future__ import annotations
 
+import sys
 import uuid
 
 import pytest
 
 from flows.comas import self_improve_comas
-from flows.loop import ROOT, check_repo, self_improve_loop
+from flows.loop import ROOT, check_repo, make_worktree, on_cancelled, self_improve_loop
 
 HOSTILE = ["../../etc", "/etc/passwd", "x; rm -rf ~", "$(id)", "`id`", "a" * 10_000, "a\x00b", "line\nbreak",
            "tab\there"]
@@ -50,6 +51,49 @@ def test_the_served_repo_and_the_flows_own_checkout_are_allowed(tmp_path, monkey
     (tmp_path / "dvc.yaml").write_text("stages: {}\n")
     (tmp_path / "params.yaml").write_text("seed: 0\n")
     assert check_repo(str(tmp_path / ".." / tmp_path.name)) == tmp_path.resolve()
+
+
+def _flow_run(**parameters):
+    from prefect.client.schemas.objects import FlowRun
+
+    return FlowRun(flow_id=uuid.uuid4(), name="brisk-otter", parameters=parameters)
+
+
+def test_a_cancelled_run_leaves_no_worktree_and_its_log_says_cancelled(tmp_path, monkeypatch, caplog):
+    """The hook the serving process runs on a cancelled run: the worktree the killed run left is removed
+    (only under the repo it was served with, only by the name rule) and the run's last line says Cancelled."""
+    import logging
+    import subprocess
+
+    from prefect.settings import PREFECT_LOGGING_TO_API_ENABLED, temporary_settings
+    from prefect.states import Cancelling
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "dvc.yaml").write_text("stages: {}\n")
+    (repo / "params.yaml").write_text("seed: 0\n")
+    for args in (["init", "-q"], ["add", "."], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"]):
+        subprocess.run(["git", *args], cwd=repo, check=True)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=repo, check=True)
+    monkeypatch.setenv("SELF_IMPROVE_REPOS", str(repo))
+    work = make_worktree(repo, "cancelled-k5", {"seed": 1})
+    with caplog.at_level(logging.INFO, logger="prefect.flow_runs"), \
+            temporary_settings({PREFECT_LOGGING_TO_API_ENABLED: False}):  # no server to ship to here
+        on_cancelled(self_improve_loop, _flow_run(repo=str(repo), experiment_name="../../x"),
+                     Cancelling(message="Flow run was cancelled."))
+        assert work.exists()  # a name outside the rule touches nothing
+        on_cancelled(self_improve_loop, _flow_run(repo=str(tmp_path), experiment_name="cancelled-k5"),
+                     Cancelling(message="Flow run was cancelled."))
+        assert work.exists()  # nor does a repo the flow was not served with
+        on_cancelled(self_improve_loop, _flow_run(repo=str(repo), experiment_name="cancelled-k5"),
+                     Cancelling(message="Flow run was cancelled."))
+    assert not work.exists()
+    assert "cancelled-k5" not in subprocess.run(["git", "worktree", "list"], cwd=repo, capture_output=True,
+                                                text=True, check=True).stdout
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Cancelled:")]
+    assert len(lines) == 3 and lines[-1] == (f"Cancelled: Flow run was cancelled. The run's process was stopped; "
+                                             f"its worktree {work.resolve()} was removed.")
+    assert lines[0].endswith("it left no worktree.")
 
 
 SENTINEL = "s3cr3t-" + uuid.uuid4().hex  # not in any source file a workspace may copy
