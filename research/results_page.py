@@ -96,6 +96,14 @@ STUDIES = (
         "(+0.016 [-0.023, +0.055]); at seed 0 too (-0.014 [-0.051, +0.021], in paired_s0.md beside it). Both are on "
         "in recipe V3."),
     Study(
+        "The curriculum over the whole training mix (one seed)",
+        "python -m research.real_loops --recipe smollm2-v3 --judges co_reward+validity_any --seeds 0 --tag mix-sec "
+        "-S evolve.strategy=sec -S evolve.sec_scope=mix --plain /tmp/loops --out research/results/smollm2_v3_fast",
+        "research/results/smollm2_v3_fast/paired_mix_s0.md", (),
+        "No gain at seed 0: with `evolve.sec_scope: mix` the curriculum allocates the whole training mix, and "
+        "held-out ends -0.062 [-0.105, -0.016] below the same loop steering only the fresh problems at it3. "
+        "Addition and subtraction fell behind (its summary.md). One seed; `fresh` stays the default."),
+    Study(
         "Six iterations: does the closest label-free arm keep improving?",
         "python -m research.extend_loop /tmp/loops/smol-fast-sec-co_reward-validity_any-s0 --finished "
         "research/results/smollm2_v3_fast/fast-sec-co_reward-validity_any-s0.json --recipe smollm2-v3 long "
@@ -127,8 +135,8 @@ STUDIES = (
         "Which iteration to keep, chosen without labels",
         "python -m research.choice_check",
         "research/results/choice_check.md", (),
-        "The rule picks within one standard error of the best iteration in 117 of the 130 kept runs that gained, "
-        "and below it0 beyond noise in 1 of 226. Refitted with each recipe left out its recall falls to 83 of 130; "
+        "The rule picks within one standard error of the best iteration in 117 of the 131 kept runs that gained, "
+        "and below it0 beyond noise in 1 of 227. Refitted with each recipe left out its recall falls to 83 of 131; "
         "refitted without the gym recipe, it picks none of that recipe's 36 gains."),
     Study(
         "Choosing past the shortcut: the agreement on answers the task does not rule out",
