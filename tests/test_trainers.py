@@ -114,6 +114,35 @@ def test_bf16_runs_the_forward_passes_in_bfloat16_and_keeps_float32_weights(tok,
     assert losses[torch.bfloat16] == pytest.approx(np.log(2), abs=1e-2)
 
 
+def test_frozen_weights_held_in_bfloat16_change_no_bfloat16_step_and_are_put_back(tok, trained):
+    """frozen_in: a LoRA model's frozen linear weights held in bfloat16 while training under bfloat16
+    autocast give the losses and adapter weights of the run that casts them in every forward pass, bit
+    for bit; the tied output layer (shared with the input embedding) stays float32, and on exit every
+    frozen weight is the very tensor it was."""
+    from self_improve.config.training import LoraConfig
+    from self_improve.models.loading import attach_lora
+    from self_improve.training.loop import frozen_in
+
+    runs = []
+    for hold in (None, torch.bfloat16):
+        torch.manual_seed(0)
+        tied = copy.deepcopy(trained)
+        tied.lm_head.weight = tied.get_input_embeddings().weight  # as SmolLM2's: one tensor for both
+        model = attach_lora(tied, LoraConfig(r=4, alpha=8))
+        frozen = {k: p for k, p in model.named_parameters() if not p.requires_grad}
+        ctx = RunContext(tok, Schedule(1e-2, 2), batch_size=2, seed=0, autocast=torch.bfloat16)
+        with frozen_in(model, hold):
+            dtypes = {p.dtype for k, p in model.named_parameters() if "base_layer" in k}
+            assert dtypes == {hold or torch.float32}
+            assert model.get_input_embeddings().weight.dtype == torch.float32
+            assert tied.lm_head.weight is tied.get_input_embeddings().weight
+            log = PreferenceTrainer(ctx, "dpo", DpoConfig(beta=0.5)).train(model, PROMPTS, CHOSEN, REJECTED)
+        assert all(p is frozen[k] for k, p in model.named_parameters() if not p.requires_grad)
+        runs.append((log.losses, {k: p.detach().clone() for k, p in model.named_parameters() if p.requires_grad}))
+    assert len(runs[0][0]) == 2 and runs[0][0] == runs[1][0]
+    assert all(torch.equal(p, runs[1][1][k]) for k, p in runs[0][1].items())
+
+
 def test_the_schedule_is_transformers_warm_up_and_cosine_to_a_floor():
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     sched = Schedule(1.0, steps=10, warmup_steps=2, min_lr_ratio=0.5).scheduler(opt)

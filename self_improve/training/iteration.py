@@ -38,7 +38,7 @@ from self_improve.models.loading import (
     attach_lora,
     model_identity,
 )
-from self_improve.training.loop import Checkpoints, Schedule, steps_for
+from self_improve.training.loop import Checkpoints, Schedule, frozen_in, steps_for
 from self_improve.training.throughput import flops_per_token, gemm_rate, row_tokens, throughput
 from self_improve.training.trainers import GRPOTrainer, NFTTrainer, PreferenceTrainer, RunContext, SFTTrainer
 
@@ -178,7 +178,9 @@ def train(model, tokenizer, pairs: pd.DataFrame, sft: pd.DataFrame, groups: pd.D
     ctx = RunContext(tokenizer, sched, cfg.batch_size, seed, cfg.micro, cfg.max_grad_norm, accelerator,
                      checkpoints, chat, max_length, torch.bfloat16 if bf16 else None)
     start = time.perf_counter()
-    out = TRAINERS[cfg.entry.family](ctx, cfg, model, pairs, sft, groups)
+    # the frozen base weights held in bfloat16 while training: FSDP shards one flat tensor per dtype, so not there
+    with frozen_in(model, torch.bfloat16 if bf16 and cfg.lora.enabled and not is_fsdp(accelerator) else None):
+        out = TRAINERS[cfg.entry.family](ctx, cfg, model, pairs, sft, groups)
     seconds = time.perf_counter() - start
     if n and not out.resumed_from:  # the share of the machine's matmul rate (training/throughput.py)
         tokens = training_tokens(cfg, chat, pairs, sft, groups) * cfg.epochs
