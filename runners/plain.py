@@ -25,9 +25,10 @@ from self_improve.cpu import usable_cpus
 
 ROOT = Path(__file__).resolve().parents[1]
 # what a stage reads from the tree besides its code: the pipeline, tracked inputs, recipes' configs;
-# models/ is linked (the base checkpoints `make smollm2` and friends put there)
+# models/ is linked (the base checkpoints `make smollm2` and friends put there), and so is vLLM's
+# virtualenv where `make vllm-env` made one (recipe vllm-cpu names it relative to the workspace)
 COPIED = ("dvc.yaml", "data/inputs", "configs", "plugins")
-LINKED = ("models",)
+LINKED = ("models", ".venv-vllm")
 # stages run in a process of their own, not in the runner's: training picks oneDNN's bfloat16 kernels
 # (train.bf16, self_improve/cpu.py), which only a process that has not used oneDNN yet can do
 OWN_PROCESS = ("stages.train",)

@@ -116,10 +116,15 @@ VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"  # make vllm-env
 
 @pytest.mark.skipif(not VLLM_PYTHON.is_file(), reason="run `make vllm-env` first (vLLM's CPU build)")
 def test_a_loop_iteration_samples_through_a_vllm_server(tmp_path, monkeypatch):
-    """sample.backend vllm with sample.vllm.server_python: the engine stage merges it0 once, each
-    sample stage starts `vllm serve` on that copy, samples over the OpenAI API and stops it; the
-    same seed gives the same samples, in the schema every engine writes."""
+    """sample.backend vllm with sample.vllm.server_python, as recipe vllm-cpu sets it (bfloat16 where the
+    CPU has it, no graph compilation): the engine stage merges it0 once, each sample stage starts `vllm
+    serve` on that copy, samples over the OpenAI API and stops it; the same seed gives the same samples,
+    in the schema every engine writes."""
+    from self_improve import recipes
     from stages import engine
+
+    overlay = recipes.load("vllm-cpu", ROOT)
+    assert overlay["sample.backend"] == "vllm" and overlay["sample.vllm.server_python"] == ".venv-vllm/bin/python"
 
     raw = deep_merge(TINY, {
         "model": {"base": str(SMOL), "max_length": 512},
@@ -127,7 +132,9 @@ def test_a_loop_iteration_samples_through_a_vllm_server(tmp_path, monkeypatch):
                  "instruction": "Answer with the final number only."},
         "evolve": {"fresh": 0, "keep_top": 0, "rewrites": 1},
         "sample": {"backend": "vllm", "k": 4, "max_new_tokens": 32, "temperature": 0.7,
-                   "vllm": {"server_python": str(VLLM_PYTHON)}},
+                   "vllm": {"server_python": str(VLLM_PYTHON), "server_dtype": overlay["sample.vllm.server_dtype"],
+                            "server_args": overlay["sample.vllm.server_args"],
+                            "cpu_kv_cache_gb": overlay["sample.vllm.cpu_kv_cache_gb"]}},
         "loop": {"it1": {"prev": "it0", "ref": "init"}},
     })
     params = tmp_path / "params.yaml"

@@ -79,7 +79,12 @@ class VllmConfig(_Section):
         None, description="a Python with vLLM in its own virtualenv (make vllm-env: .venv-vllm/bin/python): "
         "each stage starts `vllm serve` on the model, samples through it and stops it")
     served_model_name: str = Field("policy", min_length=1, description="the model's name on the server")
-    server_dtype: str = Field("float32", description="server_python: --dtype of the server (float32 on a CPU)")
+    server_dtype: str = Field(
+        "float32", description="server_python: --dtype of the server; auto: bfloat16 on a CPU with AMX or "
+        "avx512_bf16 (the server then takes the CPU's own kernels, not the AVX2 pins), float32 elsewhere")
+    server_args: list[str] = Field(
+        default_factory=list, description="server_python: more `vllm serve` flags, e.g. [--enforce-eager] "
+        "(no graph compilation: a CPU server starts in about 30 s instead of 90)")
     cpu_kv_cache_gb: int = Field(4, ge=1, description="server_python on a CPU: VLLM_CPU_KVCACHE_SPACE in GB")
 
     @field_validator("url")

@@ -28,12 +28,52 @@ import urllib.request
 from pathlib import Path
 
 from self_improve.config import SecurityConfig, VllmConfig
-from self_improve.cpu import usable_cpus
+from self_improve.cpu import cpu_flags, unpinned_env, usable_cpus
 from self_improve.errors import PipelineError
 
 log = logging.getLogger(__name__)
 
-PROMPTS_PER_REQUEST = 64
+# prompts per request, requests one after another: the server's continuous batching refills a finished
+# sequence's place from the same request, so big requests keep its batch full; a request's prompts
+# arrive together, so how they are batched does not depend on timing
+PROMPTS_PER_REQUEST = 1024
+BF16_FLAGS = {"amx_bf16", "avx512_bf16"}
+
+
+def server_dtype(setting: str) -> str:
+    """The server's --dtype: `auto` is bfloat16 on a CPU with bfloat16 instructions, float32 elsewhere."""
+    if setting != "auto":
+        return setting
+    return "bfloat16" if BF16_FLAGS & cpu_flags() else "float32"
+
+
+def server_command(python: str, model_dir: str | Path, cfg: VllmConfig, max_model_len: int,
+                   security: SecurityConfig, port: int) -> tuple[list[str], dict[str, str]]:
+    """The `vllm serve` command line and environment for `model_dir` on a loopback `port`."""
+    dtype = server_dtype(cfg.server_dtype)
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+           "--served-model-name", cfg.served_model_name, "--host", "127.0.0.1", "--port", str(port),
+           "--seed", "0", "--max-model-len", str(max_model_len), "--dtype", dtype,
+           "--load-format", "auto" if security.allow_pickle_weights else "safetensors",
+           # whole prompts per step: a seeded request whose prefill is split rewinds its random
+           # generator, which the CPU build cannot do ("CPU Generator does not use offset"); vLLM's
+           # warm-up runs a step of max-num-batched-tokens, 7 s of a CPU server's start at 8192
+           "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(2048, max_model_len)),
+           *cfg.server_args]
+    if security.trust_remote_code:
+        cmd.append("--trust-remote-code")
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(usable_cpus())),
+           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gb)),
+           "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
+           # the engine in the server's own process: on 2 cores a second process beside it cost a third
+           # of the tokens/s (docs/speed.md)
+           "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),
+           # the compiled graph from vLLM's cache: its AOT cache fails to load in vllm-cpu 0.32.0 ("'function'
+           # object has no attribute 'finalize_loading'") and every start compiled again (50 s on 2 cores)
+           "VLLM_USE_AOT_COMPILE": os.environ.get("VLLM_USE_AOT_COMPILE", "0")}
+    if dtype == "bfloat16":  # under the AVX2 pins oneDNN emulates bfloat16: the server takes the CPU's own kernels
+        env = unpinned_env(env)
+    return cmd, env
 
 
 def free_port() -> int:
@@ -65,19 +105,7 @@ class VLLMServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_file = tempfile.NamedTemporaryFile(prefix="vllm-server-", suffix=".log", delete=False)
-        cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-               "--served-model-name", cfg.served_model_name, "--host", "127.0.0.1", "--port", str(self.port),
-               "--seed", "0", "--max-model-len", str(max_model_len), "--dtype", cfg.server_dtype,
-               "--load-format", "auto" if security.allow_pickle_weights else "safetensors",
-               # whole prompts per step: a seeded request whose prefill is split rewinds its random
-               # generator, which the CPU build cannot do ("CPU Generator does not use offset")
-               "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(8192, max_model_len))]
-        if security.trust_remote_code:
-            cmd.append("--trust-remote-code")
-        threads = str(usable_cpus())
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads),
-               "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gb)),
-               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
+        cmd, env = server_command(python, model_dir, cfg, max_model_len, security, self.port)
         log.info("vllm server: %s", " ".join(cmd))
         self.proc = subprocess.Popen(cmd, stdout=self.log_file, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
