@@ -188,6 +188,11 @@ class Replay:
             self.real = self.open_real()
         return self.real.generate(prompts, spec, seed, desc=desc, progress=progress)
 
+    def close(self) -> None:
+        close = getattr(self.real, "close", None)
+        if close is not None:
+            close()
+
 
 def recorded_answers(prev_eval: pd.DataFrame, heldout: pd.DataFrame, ttt: pd.DataFrame, seed: int,
                      task: Task) -> dict[str, tuple[str, bool]]:

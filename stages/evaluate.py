@@ -16,7 +16,7 @@ from self_improve.config import (
     FrozenJudge,
     Params,
 )
-from self_improve.engines.sampler import HFSampler, open_sampler
+from self_improve.engines.sampler import HFSampler, close_sampler, open_sampler
 from self_improve.evaluation import (
     category_mix,
     dataset_record,
@@ -218,14 +218,17 @@ def main(argv: list[str] | None = None) -> None:
         task = task_for(params.task)
         metrics = {"iteration": args.iteration, "step": step}
         sampler, answered, answers_df = _answer(args, params, heldout, ttt, task)
-        metrics.update(answered)
-        base_eval = art.read_table(args.base_eval, art.EVAL) if args.base_eval else None
-        if base_eval is not None:
-            metrics.update(gains(base_eval, answers_df))
-        metrics.update(floor_metrics(floor_table(task, heldout, ttt), answers_df))  # the shortcut floors
-        metrics.update(choice.signals(answers_df, base_eval, _ruled_out(task, ttt)))
-        if args.prev_model and task.open_ended:  # open prompts: the new model against the old
-            metrics.update(_against_previous(args, params, sampler, heldout))
+        try:
+            metrics.update(answered)
+            base_eval = art.read_table(args.base_eval, art.EVAL) if args.base_eval else None
+            if base_eval is not None:
+                metrics.update(gains(base_eval, answers_df))
+            metrics.update(floor_metrics(floor_table(task, heldout, ttt), answers_df))  # the shortcut floors
+            metrics.update(choice.signals(answers_df, base_eval, _ruled_out(task, ttt)))
+            if args.prev_model and task.open_ended:  # open prompts: the new model against the old
+                metrics.update(_against_previous(args, params, sampler, heldout))
+        finally:
+            close_sampler(sampler)
         trained, examples = _iteration(args, params, task, heldout)
         metrics.update(trained)
         if args.examples:

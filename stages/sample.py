@@ -8,7 +8,7 @@ import argparse
 
 from self_improve import artifacts as art
 from self_improve.config import Params
-from self_improve.engines.sampler import open_sampler
+from self_improve.engines.sampler import close_sampler, open_sampler
 from self_improve.models.loading import set_threads
 from self_improve.sampling import sample
 from self_improve.stage import (
@@ -60,8 +60,11 @@ def main(argv: list[str] | None = None) -> None:
         sampler = open_sampler(args.model, params.sample, params.security, args.base, params.model, args.engine)
         judge = params.judge.model_copy(update={"min_share": params.min_share(args.iteration)})
         drawn: dict = {}
-        df = sample(sampler, prompts, cfg, derive_seed(params.seed, "sample", args.iteration), task_for(params.task),
-                    judge=judge, stats=drawn)
+        try:
+            df = sample(sampler, prompts, cfg, derive_seed(params.seed, "sample", args.iteration),
+                        task_for(params.task), judge=judge, stats=drawn)
+        finally:
+            close_sampler(sampler)
         prov = stage_provenance("sample", args.iteration, params, PARAMS, [args.out])
         prov["drawn"] = drawn  # samples drawn against k's, new tokens, why vote groups stopped
         prov["temperature"] = cfg.temperature  # the one used: sample.temperature, or B-STaR's choice

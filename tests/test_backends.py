@@ -188,24 +188,23 @@ def test_adaptive_sampling_draws_windows_until_each_vote_group_settles(model_dir
 def test_a_vllm_server_command_takes_the_dtype_the_flags_and_the_cpus_own_kernels_for_bfloat16(monkeypatch):
     """server_python's `vllm serve`: `server_dtype: auto` is bfloat16 on a CPU with bfloat16 instructions
     (the server then runs without the AVX2 pins, under which oneDNN emulates bfloat16) and float32
-    elsewhere (the pins stay); `server_args` reach the command; the engine runs in the server's process."""
+    elsewhere (the pins stay); `server_args` reach the command."""
     from self_improve.config import SecurityConfig, VllmConfig
     from self_improve.engines import vllm_server
 
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     monkeypatch.setenv("SELF_IMPROVE_PINNED", "1")
-    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     cfg = VllmConfig(server_python="py", server_dtype="auto", server_args=["--enforce-eager"], cpu_kv_cache_gb=1)
     for flags, dtype in (({"avx2", "avx512_bf16"}, "bfloat16"), ({"avx2", "amx_bf16"}, "bfloat16"), ({"avx2"}, "float32")):
         monkeypatch.setattr(vllm_server, "cpu_flags", lambda: flags)
         cmd, env = vllm_server.server_command("py", "m", cfg, 1024, SecurityConfig(), 8123)
         assert cmd[cmd.index("--dtype") + 1] == dtype and cmd[-1] == "--enforce-eager"
         assert cmd[cmd.index("--max-num-batched-tokens") + 1] == "2048"
-        assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+        assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["VLLM_USE_AOT_COMPILE"] == "0"
         pinned = env.get("ONEDNN_MAX_CPU_ISA") == "AVX2"
         assert pinned == (dtype == "float32"), env.get("ONEDNN_MAX_CPU_ISA")
     fixed = VllmConfig(server_python="py", server_dtype="float32")
     cmd, _ = vllm_server.server_command("py", "m", fixed, 4096, SecurityConfig(), 8123)
     assert cmd[cmd.index("--dtype") + 1] == "float32" and cmd[cmd.index("--max-num-batched-tokens") + 1] == "4096"
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # the user's choice wins
-    assert vllm_server.server_command("py", "m", fixed, 1024, SecurityConfig(), 1)[1]["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")  # the user's choice wins
+    assert vllm_server.server_command("py", "m", fixed, 1024, SecurityConfig(), 1)[1]["VLLM_USE_AOT_COMPILE"] == "1"

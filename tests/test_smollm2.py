@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -114,6 +115,20 @@ def test_one_iteration_on_smollm2(tmp_path, monkeypatch):
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"  # make vllm-env
 
 
+def vllm_processes() -> list[int]:
+    """Live processes vLLM named (its engine core is `VLLM::EngineCore`); an exited one not yet reaped
+    (a zombie, which holds no memory) is not counted."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "comm").read_text().startswith("VLLM") \
+                    and (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                out.append(int(entry.name))
+        except OSError:
+            continue
+    return out
+
+
 @pytest.mark.skipif(not VLLM_PYTHON.is_file(), reason="run `make vllm-env` first (vLLM's CPU build)")
 def test_a_loop_iteration_samples_through_a_vllm_server(tmp_path, monkeypatch):
     """sample.backend vllm with sample.vllm.server_python, as recipe vllm-cpu sets it (bfloat16 where the
@@ -146,6 +161,7 @@ def test_a_loop_iteration_samples_through_a_vllm_server(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "it0/engine/engine.json").read_text()) == {"engine": "vllm", "model": "hf"}
     it = ["--iteration", "it1"]
     _evolve(it, p)
+    before = set(vllm_processes())
     runs = []
     for out in ("a.parquet", "b.parquet"):
         sample.main([*it, "--prompts", "it1/prompts.parquet", "--model", "it0/model", "--base", "it0/model",
@@ -153,6 +169,7 @@ def test_a_loop_iteration_samples_through_a_vllm_server(tmp_path, monkeypatch):
         runs.append(art.read_table(out, art.SAMPLES))
         assert art.read_provenance(out)["backend"] == "vllm"
     prompts = art.read_table("it1/prompts.parquet", art.PROMPTS)
+    assert not [pid for pid in vllm_processes() if pid not in before]  # each stage stopped its server, engine and all
     assert len(runs[0]) == 4 * len(prompts) and runs[0]["response"].str.len().mean() > 5
     assert runs[0]["pred"].notna().mean() > 0.5
     assert runs[0]["response"].tolist() == runs[1]["response"].tolist()  # seeded: the same samples again

@@ -19,6 +19,7 @@ import atexit
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import tempfile
@@ -65,9 +66,6 @@ def server_command(python: str, model_dir: str | Path, cfg: VllmConfig, max_mode
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(usable_cpus())),
            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gb)),
            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
-           # the engine in the server's own process: on 2 cores a second process beside it cost a third
-           # of the tokens/s (docs/speed.md)
-           "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),
            # the compiled graph from vLLM's cache: its AOT cache fails to load in vllm-cpu 0.32.0 ("'function'
            # object has no attribute 'finalize_loading'") and every start compiled again (50 s on 2 cores)
            "VLLM_USE_AOT_COMPILE": os.environ.get("VLLM_USE_AOT_COMPILE", "0")}
@@ -93,6 +91,37 @@ def _request(url: str, payload: dict | None = None, timeout: float = 3600) -> di
         raise PipelineError(f"vllm server {url}: HTTP {err.code}: {body}") from None
     except (urllib.error.URLError, OSError) as err:
         raise PipelineError(f"vllm server {url}: {err}") from None
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live processes of process group `pgid` (read from /proc; zombies left out)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":  # state, ppid, pgrp
+            out.append(int(entry.name))
+    return out
+
+
+def _group_gone(pgid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while group_members(pgid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 class VLLMServer:
@@ -135,15 +164,22 @@ class VLLMServer:
         raise PipelineError(f"vllm server not ready after {timeout:.0f} s:\n{tail}")
 
     def close(self) -> None:
+        """Stop the server and every process it started: its engine core runs in a child process that
+        outlived a stopped server (2.5 GB each, one per stage, until a loop's memory ran out), so the
+        whole process group the server leads is signalled, then killed if it has not gone in 60 s."""
         if self.log_file.closed:
             return
+        _signal_group(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pass
+        if not _group_gone(self.proc.pid, timeout=60):
+            _signal_group(self.proc.pid, signal.SIGKILL)
+            _group_gone(self.proc.pid, timeout=10)
         if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            self.proc.kill()
+            self.proc.wait()
         self.log_file.close()
         Path(self.log_file.name).unlink(missing_ok=True)
 
