@@ -130,16 +130,19 @@ def vllm_processes() -> list[int]:
 
 
 @pytest.mark.skipif(not VLLM_PYTHON.is_file(), reason="run `make vllm-env` first (vLLM's CPU build)")
-def test_a_loop_iteration_samples_through_a_vllm_server(tmp_path, monkeypatch):
+@pytest.mark.parametrize("offline", [True, False], ids=["worker", "serve"])
+def test_a_loop_iteration_samples_through_a_vllm_server(tmp_path, monkeypatch, offline):
     """sample.backend vllm with sample.vllm.server_python, as recipe vllm-cpu sets it (bfloat16 where the
-    CPU has it, no graph compilation): the engine stage merges it0 once, each sample stage starts `vllm
-    serve` on that copy, samples over the OpenAI API and stops it; the same seed gives the same samples,
-    in the schema every engine writes."""
+    CPU has it, no graph compilation): vLLM's offline engine in a worker process (the recipe's), or `vllm
+    serve` spoken to over the OpenAI API. The engine stage merges it0 once, each sample stage starts the
+    engine on that copy, samples and stops it, leaving no vLLM process behind; the same seed gives the
+    same samples, in the schema every engine writes."""
     from self_improve import recipes
     from stages import engine
 
     overlay = recipes.load("vllm-cpu", ROOT)
     assert overlay["sample.backend"] == "vllm" and overlay["sample.vllm.server_python"] == ".venv-vllm/bin/python"
+    assert overlay["sample.vllm.offline"]
 
     raw = deep_merge(TINY, {
         "model": {"base": str(SMOL), "max_length": 512},
@@ -148,7 +151,7 @@ def test_a_loop_iteration_samples_through_a_vllm_server(tmp_path, monkeypatch):
         "evolve": {"fresh": 0, "keep_top": 0, "rewrites": 1},
         "sample": {"backend": "vllm", "k": 4, "max_new_tokens": 32, "temperature": 0.7,
                    "vllm": {"server_python": str(VLLM_PYTHON), "server_dtype": overlay["sample.vllm.server_dtype"],
-                            "server_args": overlay["sample.vllm.server_args"],
+                            "server_args": overlay["sample.vllm.server_args"], "offline": offline,
                             "cpu_kv_cache_gb": overlay["sample.vllm.cpu_kv_cache_gb"]}},
         "loop": {"it1": {"prev": "it0", "ref": "init"}},
     })

@@ -82,6 +82,11 @@ class VllmConfig(_Section):
     server_dtype: str = Field(
         "float32", description="server_python: --dtype of the server; auto: bfloat16 on a CPU with AMX or "
         "avx512_bf16 (the server then takes the CPU's own kernels, not the AVX2 pins), float32 elsewhere")
+    offline: bool = Field(
+        False, description="server_python: run vLLM's offline engine (vllm.LLM) in a worker process fed over a pipe "
+        "instead of `vllm serve`: it starts in seconds, and a call's prompts are queued before its first step, "
+        "so a seed gives the same samples with the engine in the worker's own process (of server_args, "
+        "--enforce-eager applies)")
     server_args: list[str] = Field(
         default_factory=list, description="server_python: more `vllm serve` flags, e.g. [--enforce-eager] "
         "(no graph compilation: a CPU server starts in about 30 s instead of 90)")

@@ -292,13 +292,15 @@ def _server_sampler(merged: Path | None, model_dir, base, cfg: VllmConfig, secur
                     model_cfg: ModelConfig):
     """A vLLM server's client: the server at `cfg.url`, or one started here with `cfg.server_python`
     on the merged model (the engine dir's copy, else a merge made now into a temporary dir)."""
-    from self_improve.engines.vllm_server import VLLMServer, VLLMServerSampler
+    from self_improve.engines.vllm_server import VLLMServer, VLLMServerSampler, VLLMWorkerSampler
 
     tmp = None
     if merged is None:
         merged, tmp = merged_copy(model_dir, base, security, model_cfg, always=True)
     if cfg.url:
         sampler = VLLMServerSampler(merged, cfg, url=cfg.url, security=security)
+    elif cfg.offline:
+        sampler = VLLMWorkerSampler(cfg.server_python, merged, cfg, model_cfg.max_length, security)
     else:
         server = VLLMServer(cfg.server_python, merged, cfg, model_cfg.max_length, security)
         try:

@@ -246,3 +246,93 @@ class VLLMServerSampler:
         if self.server is not None:
             self.server.close()
             self.server = None
+
+
+WORKER = Path(__file__).with_name("vllm_worker.py")
+
+
+class VLLMWorkerSampler:
+    """`sample.vllm.offline`: vLLM's offline engine in a worker process of `server_python`
+    (self_improve/engines/vllm_worker.py), a call's prompts sent as one request over its stdin. It starts
+    in seconds where `vllm serve` takes tens of them, runs its engine in its own process, and queues a
+    call's prompts before its first step, so the same seed gives the same samples."""
+
+    backend = "vllm"
+
+    def __init__(self, python: str, model_dir: str | Path, cfg: VllmConfig, max_model_len: int,
+                 security: SecurityConfig = SecurityConfig()):
+        from self_improve.chat import ChatFormat
+
+        if not Path(python).is_file():
+            raise PipelineError(f"sample.vllm.server_python: {python} does not exist (make vllm-env)")
+        self.chat = ChatFormat.from_dir(model_dir, security.trust_remote_code)
+        dtype = server_dtype(cfg.server_dtype)
+        _, env = server_command(python, model_dir, cfg, max_model_len, security, 0)
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in the worker's process: the same order, faster on a CPU
+        spec = {"model": str(model_dir), "dtype": dtype, "max_model_len": max_model_len,
+                "max_num_batched_tokens": max(2048, max_model_len), "trust_remote_code": security.trust_remote_code,
+                "enforce_eager": "--enforce-eager" in cfg.server_args,
+                "load_format": "auto" if security.allow_pickle_weights else "safetensors"}
+        self.log_file = tempfile.NamedTemporaryFile(prefix="vllm-worker-", suffix=".log", delete=False)
+        log.info("vllm worker: %s %s (%s)", python, WORKER.name, dtype)
+        self.proc = subprocess.Popen([python, str(WORKER), json.dumps(spec)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log_file, env=env, text=True,
+                                     start_new_session=True)
+        atexit.register(self.close)
+        try:
+            self._read("starting")
+        except BaseException:
+            self.close()
+            raise
+
+    def _tail(self, n: int = 15) -> str:
+        return "\n".join(Path(self.log_file.name).read_text(errors="replace").splitlines()[-n:])
+
+    def _read(self, doing: str) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            raise PipelineError(f"vllm worker exited with code {self.proc.returncode} while {doing}:\n{self._tail()}")
+        return json.loads(line)
+
+    def generate(self, prompts, spec, seed, desc="generate", progress=True):
+        from self_improve.engines.hf import Generations, finish
+
+        if not prompts:
+            return Generations()
+        req = {"prompts": [self.chat.prompt_ids(p) for p in prompts], "n": spec.n,
+               "temperature": 0.0 if spec.greedy else spec.temperature, "top_p": spec.top_p,
+               "max_tokens": spec.max_new_tokens, "seed": seed, "stop_token_ids": self.chat.stop_ids}
+        try:
+            self.proc.stdin.write(json.dumps(req) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass  # _read reports how the worker ended
+        outputs = self._read(f"sampling {len(prompts)} prompts ({desc})")["outputs"]
+        texts: list[list[str]] = []
+        cut: list[list[bool]] = []
+        new_tokens = 0
+        for samples in outputs:  # vLLM has no stop of this kind: the answer stop cuts the text after decoding
+            done = [finish(text, spec.stop_at) for text, _, _ in samples]
+            texts.append([t for t, _ in done])
+            cut.append([length and not answered for (_, answered), (_, length, _) in zip(done, samples)])
+            new_tokens += sum(n for _, _, n in samples)
+        return Generations(texts, cut, new_tokens)
+
+    def close(self) -> None:
+        """Stop the worker (end of its input), its whole process group if it lingers."""
+        if self.log_file.closed:
+            return
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            _signal_group(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        if not _group_gone(self.proc.pid, timeout=30):
+            _signal_group(self.proc.pid, signal.SIGKILL)
+        self.log_file.close()
+        Path(self.log_file.name).unlink(missing_ok=True)
