@@ -48,6 +48,19 @@ def server_dtype(setting: str) -> str:
     return "bfloat16" if BF16_FLAGS & cpu_flags() else "float32"
 
 
+def server_env(cfg: VllmConfig, dtype: str) -> dict[str, str]:
+    """The environment of a vLLM process (`vllm serve` or the offline worker) running in `dtype`."""
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(usable_cpus())),
+           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gb)),
+           "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
+           # the compiled graph from vLLM's cache: its AOT cache fails to load in vllm-cpu 0.32.0 ("'function'
+           # object has no attribute 'finalize_loading'") and every start compiled again (50 s on 2 cores)
+           "VLLM_USE_AOT_COMPILE": os.environ.get("VLLM_USE_AOT_COMPILE", "0")}
+    if dtype == "bfloat16":  # under the AVX2 pins oneDNN emulates bfloat16: vLLM takes the CPU's own kernels
+        env = unpinned_env(env)
+    return env
+
+
 def server_command(python: str, model_dir: str | Path, cfg: VllmConfig, max_model_len: int,
                    security: SecurityConfig, port: int) -> tuple[list[str], dict[str, str]]:
     """The `vllm serve` command line and environment for `model_dir` on a loopback `port`."""
@@ -63,15 +76,7 @@ def server_command(python: str, model_dir: str | Path, cfg: VllmConfig, max_mode
            *cfg.server_args]
     if security.trust_remote_code:
         cmd.append("--trust-remote-code")
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(usable_cpus())),
-           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gb)),
-           "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
-           # the compiled graph from vLLM's cache: its AOT cache fails to load in vllm-cpu 0.32.0 ("'function'
-           # object has no attribute 'finalize_loading'") and every start compiled again (50 s on 2 cores)
-           "VLLM_USE_AOT_COMPILE": os.environ.get("VLLM_USE_AOT_COMPILE", "0")}
-    if dtype == "bfloat16":  # under the AVX2 pins oneDNN emulates bfloat16: the server takes the CPU's own kernels
-        env = unpinned_env(env)
-    return cmd, env
+    return cmd, server_env(cfg, dtype)
 
 
 def free_port() -> int:
@@ -124,6 +129,20 @@ def _group_gone(pgid: int, timeout: float) -> bool:
     return True
 
 
+def _stop_group(proc: subprocess.Popen, wait: float) -> None:
+    """Wait up to `wait` s for `proc` to end, then kill the process group it leads and reap it."""
+    try:
+        proc.wait(timeout=wait)
+    except subprocess.TimeoutExpired:
+        pass
+    if not _group_gone(proc.pid, timeout=wait):
+        _signal_group(proc.pid, signal.SIGKILL)
+        _group_gone(proc.pid, timeout=10)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
 class VLLMServer:
     """`vllm serve MODEL` in a child process on a free loopback port; `close()` stops it."""
 
@@ -170,16 +189,7 @@ class VLLMServer:
         if self.log_file.closed:
             return
         _signal_group(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            pass
-        if not _group_gone(self.proc.pid, timeout=60):
-            _signal_group(self.proc.pid, signal.SIGKILL)
-            _group_gone(self.proc.pid, timeout=10)
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        _stop_group(self.proc, wait=60)
         self.log_file.close()
         Path(self.log_file.name).unlink(missing_ok=True)
 
@@ -267,7 +277,7 @@ class VLLMWorkerSampler:
             raise PipelineError(f"sample.vllm.server_python: {python} does not exist (make vllm-env)")
         self.chat = ChatFormat.from_dir(model_dir, security.trust_remote_code)
         dtype = server_dtype(cfg.server_dtype)
-        _, env = server_command(python, model_dir, cfg, max_model_len, security, 0)
+        env = server_env(cfg, dtype)
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in the worker's process: the same order, faster on a CPU
         spec = {"model": str(model_dir), "dtype": dtype, "max_model_len": max_model_len,
                 "max_num_batched_tokens": max(2048, max_model_len), "trust_remote_code": security.trust_remote_code,
@@ -327,12 +337,6 @@ class VLLMWorkerSampler:
             self.proc.stdin.close()
         except OSError:
             pass
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            _signal_group(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        if not _group_gone(self.proc.pid, timeout=30):
-            _signal_group(self.proc.pid, signal.SIGKILL)
+        _stop_group(self.proc, wait=60)
         self.log_file.close()
         Path(self.log_file.name).unlink(missing_ok=True)
