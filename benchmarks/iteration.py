@@ -15,7 +15,6 @@ costs in labels, pairs and answers (`make bench-real`'s `iteration` and `adaptiv
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -207,9 +206,28 @@ def iteration(model_dir: Path, work: Path, recipe: str = "smollm2-v3", rule: str
     return result
 
 
-if __name__ == "__main__":  # python -m benchmarks.iteration MODEL: the adaptive replay alone, printed
-    import sys
+def main(argv: list[str] | None = None) -> None:
+    """python -m benchmarks.iteration [MODEL] [--recipe R --rule X --out FILE]: the adaptive replay alone."""
+    import argparse
 
-    print(json.dumps(adaptive_stream(Path(sys.argv[1] if len(sys.argv) > 1 else "models/smollm2-135m-instruct"),
-                                     problems=int(os.environ.get("PROBLEMS", "64")), without_stop=False,
-                                     keep=Path(os.environ["KEEP"]) if os.environ.get("KEEP") else None), indent=1))
+    p = argparse.ArgumentParser(description="adaptive sampling replayed on a fixed stream of it0's samples")
+    p.add_argument("model", nargs="?", default="models/smollm2-135m-instruct", help="a local HF model directory")
+    p.add_argument("--recipe", default="smollm2-v3")
+    p.add_argument("--rule", default="co_reward+validity_any", help="a configs/rules name; its judge decides")
+    p.add_argument("--problems", type=int, default=64, help="dev problems (each with the rule's rewrites)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--without-stop", action="store_true", help="also the stream's tokens without the answer stop")
+    p.add_argument("--keep", type=Path, help="a parquet file for the stream")
+    p.add_argument("--out", type=Path, help="a JSON file for the figures (printed either way)")
+    args = p.parse_args(argv)
+    figures = adaptive_stream(Path(args.model), args.recipe, args.rule, args.problems, seed=args.seed,
+                              without_stop=args.without_stop, keep=args.keep)
+    text = json.dumps(figures, indent=1)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
