@@ -117,7 +117,8 @@ def replay(full, params, task, windows: tuple[int, ...] = (2, 4), seed: int = 0)
     vote = vote_reader(task, judge, list(prompts["prompt"]))
 
     out = {}
-    for window in windows:
+    # each window with ESC's stop (`unanimous`, the default) and, keyed `<window>_no_unanimous`, without it
+    for window, unanimous in [(w, u) for w in windows for u in (True, False)]:
         taken = {i: 0 for i in range(len(pids))}
 
         def generate(idx, n, _seed):
@@ -128,7 +129,8 @@ def replay(full, params, task, windows: tuple[int, ...] = (2, 4), seed: int = 0)
                 got.append(rows)
             return got, [[False] * len(g) for g in got], 0
 
-        drawn = adaptive.draw(generate, groups, vote, k, window, judge.min_share, seed, adaptive.harmonic_of(judge))
+        drawn = adaptive.draw(generate, groups, vote, k, window, judge.min_share, seed, adaptive.harmonic_of(judge),
+                              unanimous)
         kept = full.groupby("prompt_id", sort=False).cumcount() < full["prompt_id"].map(
             {pids[i]: taken[i] for i in taken})
         labels, chosen = made(full[kept].reset_index(drop=True))
@@ -136,7 +138,7 @@ def replay(full, params, task, windows: tuple[int, ...] = (2, 4), seed: int = 0)
                          for g in full_labels)
         same_pair = sum((p in chosen) == (p in full_pairs) and chosen.get(p) == full_pairs.get(p) for p in pids)
         chars_kept = sum(len(r) for i, pid in enumerate(pids) for r in by_prompt[pid][:taken[i]])
-        out[str(window)] = {
+        out[str(window) if unanimous else f"{window}_no_unanimous"] = {
             **{k_: v for k_, v in drawn.stats.items() if k_ != "samples_at_k"},
             "saved_share": round(drawn.stats["saved_share"], 3),
             "chars_saved_share": round(1 - chars_kept / max(1, full["response"].str.len().sum()), 3),
@@ -219,9 +221,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--without-stop", action="store_true", help="also the stream's tokens without the answer stop")
     p.add_argument("--keep", type=Path, help="a parquet file for the stream")
     p.add_argument("--out", type=Path, help="a JSON file for the figures (printed either way)")
+    p.add_argument("--stream", type=Path, help="replay a stream kept with --keep instead of sampling one")
     args = p.parse_args(argv)
-    figures = adaptive_stream(Path(args.model), args.recipe, args.rule, args.problems, seed=args.seed,
-                              without_stop=args.without_stop, keep=args.keep)
+    if args.stream:
+        import pandas as pd
+
+        params, task = _setup(Path(args.model), args.recipe, args.rule, args.seed)
+        figures = {"stream": str(args.stream), "rule": args.rule,
+                   "windows": replay(pd.read_parquet(args.stream), params, task, seed=args.seed)}
+    else:
+        figures = adaptive_stream(Path(args.model), args.recipe, args.rule, args.problems, seed=args.seed,
+                                  without_stop=args.without_stop, keep=args.keep)
     text = json.dumps(figures, indent=1)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

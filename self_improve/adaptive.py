@@ -12,7 +12,8 @@ pair per prompt from a sample that agrees with the label and one that does not. 
   of the group already has a sample that agrees with it and one that does not (its label and which
   prompts have a pair are those of k samples; only which samples make a pair may differ);
 - `unanimous`: the last window of every prompt agrees on one valid answer (ESC, arXiv 2401.10480:
-  -80% samples on GSM8K at comparable accuracy).
+  -80% samples on GSM8K at comparable accuracy); `sample.adaptive.unanimous: false` turns it off, as a
+  prompt it stops never draws the dissenting sample its pair would need.
 
 `below_gate` and `unanimous` are bets (a later sample could still give a label or a pair), as ESC's
 and Adaptive-Consistency's stops are; how often they lose one is measured on the real model
@@ -46,12 +47,12 @@ def vote_key(cfg: JudgeConfig) -> Optional[str]:
 
 
 def settle(votes: list[list[Optional[str]]], k: int, min_share: float, window: int,
-           harmonic: bool = False) -> Optional[str]:
+           harmonic: bool = False, unanimous: bool = True) -> Optional[str]:
     """Why a vote group may stop (a REASONS entry), or None while more samples could change it.
 
     `votes`: each prompt's answers so far, None where a sample has no (valid) answer; every prompt of
     the group is to have `k`. With `harmonic` (Self-Harmony's cross-view score) only `unanimous` and
-    `full` apply, as its label is not a share of the pooled votes."""
+    `full` apply, as its label is not a share of the pooled votes; without `unanimous` the ESC stop is off."""
     total = k * len(votes)
     remaining = total - sum(len(v) for v in votes)
     if remaining <= 0:
@@ -69,7 +70,7 @@ def settle(votes: list[list[Optional[str]]], k: int, min_share: float, window: i
             label = ranked[0][0]
             if all(any(p == label for p in v) and any(p != label for p in v) for v in votes):
                 return "settled"
-    last = [p for v in votes for p in v[-window:]]
+    last = [p for v in votes for p in v[-window:]] if unanimous else []
     if last and all(p is not None for p in last) and len(set(last)) == 1:
         return "unanimous"
     return None
@@ -87,7 +88,7 @@ class Drawn:
 
 def draw(generate: Callable[[list[int], int, int], tuple[list[list[str]], list[list[bool]], int]],
          groups: list[str], vote: Callable[[int, str], Optional[str]], k: int, window: int, min_share: float,
-         seed: int, harmonic: bool = False) -> Drawn:
+         seed: int, harmonic: bool = False, unanimous: bool = True) -> Drawn:
     """Sample in windows until every group settles (or has k per prompt).
 
     `generate(prompt_indices, n, seed) -> (texts, truncated, new_tokens)` draws n more responses for
@@ -112,7 +113,7 @@ def draw(generate: Callable[[list[int], int, int], tuple[list[list[str]], list[l
             votes[i] += [vote(i, x) for x in rs]
         still = []
         for g in open_groups:
-            why = settle([votes[i] for i in members[g]], k, min_share, window, harmonic)
+            why = settle([votes[i] for i in members[g]], k, min_share, window, harmonic, unanimous)
             if why is None:
                 still.append(g)
             else:

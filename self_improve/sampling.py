@@ -82,4 +82,5 @@ def _adaptive(sampler: Sampler, prompts: pd.DataFrame, cfg: SampleConfig, seed: 
         return list(res), res.truncated, res.new_tokens
 
     return adaptive.draw(generate, [str(g) for g in prompts[key]], vote_reader(task, judge, prompt_list), cfg.k,
-                         cfg.adaptive.window, judge.min_share, seed, adaptive.harmonic_of(judge))
+                         cfg.adaptive.window, judge.min_share, seed, adaptive.harmonic_of(judge),
+                         cfg.adaptive.unanimous)

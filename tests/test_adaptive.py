@@ -40,6 +40,31 @@ def test_settle_reasons():
     assert adaptive.settle([["5"] * 8], k=8, min_share=0.2, window=4) == "full"
     # Self-Harmony's label is not a pooled share: only unanimity stops it early
     assert adaptive.settle([["5", "5", "5", "7"]], k=6, min_share=0.2, window=4, harmonic=True) is None
+    # without ESC's stop an agreeing window draws on: the sample that would make a pair may come later
+    assert adaptive.settle([["5", "5", "5", "5"]], k=8, min_share=0.2, window=4, unanimous=False) is None
+    assert adaptive.settle([["5", "5", "5", "7"]], k=5, min_share=0.2, window=4, unanimous=False) == "settled"
+
+
+def test_without_the_unanimous_stop_a_group_keeps_the_pair_a_late_dissent_makes():
+    """A prompt whose first window agrees and whose sixth sample dissents: ESC's stop ends it with no pair;
+    with `unanimous=False` it draws on until its label and pair are settled, the pair all k samples give."""
+    stream = {0: ["5", "5", "5", "5", "5", "7", "5", "5"]}
+
+    def run(unanimous):
+        drawn = {0: []}
+
+        def generate(idx, n, seed):
+            got = [stream[i][len(drawn[i]):len(drawn[i]) + n] for i in idx]
+            for i, xs in zip(idx, got):
+                drawn[i] += xs
+            return got, [[False] * len(x) for x in got], 0
+
+        return adaptive.draw(generate, ["g0"], lambda i, r: r, 8, 2, 0.5, seed=0, unanimous=unanimous)
+
+    esc, kept = run(True), run(False)
+    assert esc.texts[0] == ["5", "5"] and esc.stats["stopped_unanimous"] == 1
+    assert kept.texts[0] == ["5", "5", "5", "5", "5", "7"] and kept.stats["stopped_settled"] == 1
+    assert "7" in kept.texts[0]  # the rejected side of the pair that k samples make
 
 
 def test_the_vote_key_and_who_keeps_k():

@@ -140,6 +140,9 @@ class AdaptiveConfig(_Section):
                           "and pairs are settled, it can have no label, or a whole window agrees (vote judges "
                           "without a model weighing the votes; the others keep k)")
     window: int = Field(4, ge=1, description="adaptive: responses per prompt drawn at a time (k at most)")
+    unanimous: bool = Field(True, description="adaptive: also stop a vote group when the last window of each of "
+                            "its prompts agrees on one valid answer (ESC's stop; such a prompt never draws the "
+                            "dissenting sample its pair would need)")
 
 
 class SampleConfig(_Section):
