@@ -185,6 +185,18 @@ def test_adaptive_sampling_draws_windows_until_each_vote_group_settles(model_dir
     assert len(out) == 24 * 6 and drawn["saved_share"] == 0.0
 
 
+def test_each_prompt_of_a_vllm_call_gets_its_own_seed():
+    """vLLM seeds a request's j-th sample with its seed + j: the seeds of one call's prompts are drawn
+    from the call's seed (the same again for the same seed), differ, and leave room for the n samples."""
+    from self_improve.engines.vllm_server import prompt_seeds
+
+    seeds = prompt_seeds(7, 300, 8)
+    assert seeds == prompt_seeds(7, 300, 8) and seeds != prompt_seeds(8, 300, 8)
+    assert len(set(seeds)) == 300 and all(0 <= s < 2**31 - 8 for s in seeds)
+    spans = sorted(seeds)
+    assert all(b - a >= 8 for a, b in zip(spans, spans[1:]))  # no two prompts share a sample's seed
+
+
 def test_a_vllm_server_command_takes_the_dtype_the_flags_and_the_cpus_own_kernels_for_bfloat16(monkeypatch):
     """server_python's `vllm serve`: `server_dtype: auto` is bfloat16 on a CPU with bfloat16 instructions
     (the server then runs without the AVX2 pins, under which oneDNN emulates bfloat16) and float32

@@ -179,6 +179,29 @@ def test_a_loop_iteration_samples_through_a_vllm_server(tmp_path, monkeypatch, o
     assert runs[0].groupby("prompt_id")["response"].nunique().max() > 1  # temperature 0.7: not all alike
 
 
+@pytest.mark.skipif(not VLLM_PYTHON.is_file(), reason="run `make vllm-env` first (vLLM's CPU build)")
+def test_vllm_draws_the_prompts_of_one_call_independently():
+    """The same prompt twice in one call draws different samples (each prompt has its own seed; with one
+    seed for all, sample j of every prompt drew the same random numbers), and the call repeats."""
+    from self_improve import recipes
+    from self_improve.config import VllmConfig
+    from self_improve.engines.hf import SamplingSpec
+    from self_improve.engines.vllm_server import VLLMWorkerSampler
+
+    overlay = recipes.load("vllm-cpu", ROOT)
+    cfg = VllmConfig(server_python=str(VLLM_PYTHON), offline=True, server_dtype=overlay["sample.vllm.server_dtype"],
+                     server_args=overlay["sample.vllm.server_args"], cpu_kv_cache_gb=1)
+    sampler = VLLMWorkerSampler(cfg.server_python, SMOL, cfg, 512)
+    try:
+        spec = SamplingSpec(n=4, temperature=0.7, max_new_tokens=24)
+        prompt = "Sam has 5 apples and buys 14 more. How many apples does he have?"
+        first = sampler.generate([prompt, prompt], spec, 3, progress=False)
+        assert first[0] != first[1]
+        assert list(sampler.generate([prompt, prompt], spec, 3, progress=False)) == list(first)
+    finally:
+        sampler.close()
+
+
 @pytest.mark.heavy  # `make test-slow`, not CI: CoMAS's stages run in make test and make test-e2e on tiny models
 def test_comas_iteration_on_smollm2(tmp_path, monkeypatch):
     """CoMAS on the real chat model: two agents discuss (solve, evaluate, score), each is trained on its

@@ -55,8 +55,8 @@ class HFSampler:
 class VLLMSampler:
     """vLLM on the visible GPUs: one engine sharding the model over `tensor_parallel_size` GPUs, or,
     for data parallelism, `data_parallel_size` such engines, each in a process of its own that sees
-    only its GPUs (CUDA_VISIBLE_DEVICES) and samples a contiguous share of the prompts. Each request
-    carries the same seed, so a prompt's samples do not depend on which engine drew them."""
+    only its GPUs (CUDA_VISIBLE_DEVICES) and samples a contiguous share of the prompts. Each prompt
+    carries its own seed (prompt_seeds), so its samples do not depend on which engine drew them."""
 
     backend = "vllm"
 
@@ -95,17 +95,22 @@ class VLLMSampler:
             "temperature": 0.0 if spec.greedy else spec.temperature,
             "top_p": 1.0 if spec.greedy else spec.top_p,
             "max_tokens": spec.max_new_tokens,
-            "seed": seed,
             "stop_token_ids": self.chat.stop_ids,
             "skip_special_tokens": True,
         }
         ids = [self.chat.prompt_ids(p) for p in prompts]
+        if not spec.greedy:  # a seed per prompt: with one for all, sample j of every prompt drew alike
+            from self_improve.engines.vllm_server import prompt_seeds
+
+            params["seeds"] = prompt_seeds(seed, len(ids), spec.n)
         if self.llm is not None:
             texts, cut, tokens = _vllm_generate(self.llm, ids, params, progress)
             return _answer_cut(Generations(texts, cut, tokens), spec)
-        busy = [(e, share) for e, share in zip(self.engines, split_evenly(ids, len(self.engines))) if share]
-        for k, (engine, share) in enumerate(busy):
-            engine.send(share, params, progress and k == 0)
+        shares = split_evenly(list(range(len(ids))), len(self.engines))
+        busy = [(e, share) for e, share in zip(self.engines, shares) if share]
+        for k, (engine, share) in enumerate(busy):  # each prompt keeps its seed whichever engine draws it
+            seeds = [params["seeds"][i] for i in share] if "seeds" in params else None
+            engine.send([ids[i] for i in share], {**params, "seeds": seeds}, progress and k == 0)
         texts, cut, tokens = [], [], 0
         for engine, _ in busy:  # in prompt order: engine k holds the k-th contiguous share
             t, c, n = engine.receive()
@@ -140,8 +145,10 @@ def _vllm_generate(llm, ids: list[list[int]], params: dict, progress: bool):
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    outs = llm.generate([TokensPrompt(prompt_token_ids=i) for i in ids], SamplingParams(**params),
-                        use_tqdm=progress)
+    params = dict(params)
+    seeds = params.pop("seeds", None) or [None] * len(ids)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=i) for i in ids],
+                        [SamplingParams(**params, seed=s) for s in seeds], use_tqdm=progress)
     texts = [[c.text for c in o.outputs] for o in outs]
     cut = [[c.finish_reason == "length" for c in o.outputs] for o in outs]
     return texts, cut, sum(len(c.token_ids) for o in outs for c in o.outputs)

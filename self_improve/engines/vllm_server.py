@@ -19,6 +19,7 @@ import atexit
 import json
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -26,6 +27,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from self_improve.config import SecurityConfig, VllmConfig
@@ -34,11 +36,18 @@ from self_improve.errors import PipelineError
 
 log = logging.getLogger(__name__)
 
-# prompts per request, requests one after another: the server's continuous batching refills a finished
-# sequence's place from the same request, so big requests keep its batch full; a request's prompts
-# arrive together, so how they are batched does not depend on timing
-PROMPTS_PER_REQUEST = 1024
+# requests in flight at once: a request holds one prompt, as a request has one seed (prompt_seeds)
+REQUESTS_IN_FLIGHT = 256
 BF16_FLAGS = {"amx_bf16", "avx512_bf16"}
+
+
+def prompt_seeds(seed: int, count: int, n: int) -> list[int]:
+    """A seed for each of a call's `count` prompts, drawn from the call's seed. vLLM seeds a request's
+    j-th sample with its seed + j, so with one seed for every prompt, sample j of every prompt drew the
+    same random numbers at each step: the prompts' samples were not independent (a problem and its
+    rewrite voted alike by chance). Seeds leave room for the n samples under 2**31."""
+    rng = random.Random(seed)
+    return [rng.randrange(2**31 - n) for _ in range(count)]
 
 
 def server_dtype(setting: str) -> str:
@@ -224,31 +233,34 @@ class VLLMServerSampler:
         if not prompts:
             return Generations()
         ids = [self.chat.prompt_ids(p) for p in prompts]
+        seeds = prompt_seeds(seed, len(ids), spec.n)
         texts: list[list[str]] = [[] for _ in prompts]
         cut: list[list[bool]] = [[] for _ in prompts]
         new_tokens = 0
         bar = tqdm(total=len(prompts) * spec.n, desc=desc, unit="seq", disable=not progress, mininterval=1.0)
-        for start in range(0, len(ids), PROMPTS_PER_REQUEST):
-            chunk = ids[start:start + PROMPTS_PER_REQUEST]
-            payload = {"model": self.model, "prompt": chunk, "n": spec.n, "max_tokens": spec.max_new_tokens,
+
+        def one(i: int) -> dict:
+            payload = {"model": self.model, "prompt": [ids[i]], "n": spec.n, "max_tokens": spec.max_new_tokens,
                        "temperature": 0.0 if spec.greedy else spec.temperature,
                        "top_p": 1.0 if spec.greedy else spec.top_p,
                        "stop_token_ids": self.chat.stop_ids, "skip_special_tokens": True}
             if not spec.greedy:  # a seeded greedy request broke the CPU build's sampler for later ones
-                payload["seed"] = seed
-            reply = _request(self.url + "/v1/completions", payload)
-            choices = sorted(reply.get("choices", []), key=lambda c: c["index"])
-            if len(choices) != len(chunk) * spec.n:
-                raise PipelineError(f"vllm server {self.url}: {len(choices)} completions for "
-                                    f"{len(chunk)} prompts x n {spec.n}")
-            for c in choices:  # index = prompt * n + sample
-                i = start + c["index"] // spec.n
-                # vLLM has no stop of this kind: the answer stop cuts the text after decoding
-                text, answered = finish(c["text"], spec.stop_at)
-                texts[i].append(text)
-                cut[i].append(c.get("finish_reason") == "length" and not answered)
-            new_tokens += int(reply.get("usage", {}).get("completion_tokens", 0))
-            bar.update(len(chunk) * spec.n)
+                payload["seed"] = seeds[i]
+            return _request(self.url + "/v1/completions", payload)
+
+        # one request per prompt, each with its own seed, many in flight so the server's batch stays full
+        with ThreadPoolExecutor(min(REQUESTS_IN_FLIGHT, len(ids))) as pool:
+            for i, reply in enumerate(pool.map(one, range(len(ids)))):
+                choices = sorted(reply.get("choices", []), key=lambda c: c["index"])
+                if len(choices) != spec.n:
+                    raise PipelineError(f"vllm server {self.url}: {len(choices)} completions for a prompt x n {spec.n}")
+                for c in choices:
+                    # vLLM has no stop of this kind: the answer stop cuts the text after decoding
+                    text, answered = finish(c["text"], spec.stop_at)
+                    texts[i].append(text)
+                    cut[i].append(c.get("finish_reason") == "length" and not answered)
+                new_tokens += int(reply.get("usage", {}).get("completion_tokens", 0))
+                bar.update(spec.n)
         bar.close()
         return Generations(texts, cut, new_tokens)
 
@@ -312,7 +324,8 @@ class VLLMWorkerSampler:
             return Generations()
         req = {"prompts": [self.chat.prompt_ids(p) for p in prompts], "n": spec.n,
                "temperature": 0.0 if spec.greedy else spec.temperature, "top_p": spec.top_p,
-               "max_tokens": spec.max_new_tokens, "seed": seed, "stop_token_ids": self.chat.stop_ids}
+               "max_tokens": spec.max_new_tokens, "seeds": prompt_seeds(seed, len(prompts), spec.n),
+               "stop_token_ids": self.chat.stop_ids}
         try:
             self.proc.stdin.write(json.dumps(req) + "\n")
             self.proc.stdin.flush()

@@ -6,7 +6,7 @@ transformers and prefect versions than the project's), so it imports nothing of 
     PYTHON self_improve/engines/vllm_worker.py '{"model": DIR, "dtype": "bfloat16", ...}'
 
 It loads the model, writes `{"ready": true}` as a line on its stdout, then answers each request line
-(prompts as token ids, n, temperature, top_p, max_tokens, seed, stop ids) with one line: per prompt,
+(prompts as token ids, n, temperature, top_p, max_tokens, a seed per prompt, stop ids) with one line: per prompt,
 per sample, the text, whether max_tokens cut it, and its token count. vLLM's own output goes to
 stderr. `LLM.generate` queues a request's prompts before its first step, so how they are batched does
 not depend on timing and a seed gives the same samples again (`vllm serve` adds them while it steps).
@@ -34,9 +34,10 @@ def main(argv: list[str]) -> None:
     for line in sys.stdin:
         req = json.loads(line)
         greedy = req["temperature"] == 0.0
-        params = SamplingParams(n=req["n"], temperature=req["temperature"], top_p=1.0 if greedy else req["top_p"],
-                                max_tokens=req["max_tokens"], seed=None if greedy else req["seed"],
-                                stop_token_ids=req["stop_token_ids"], skip_special_tokens=True)
+        params = [SamplingParams(n=req["n"], temperature=req["temperature"], top_p=1.0 if greedy else req["top_p"],
+                                 max_tokens=req["max_tokens"], seed=None if greedy else seed,
+                                 stop_token_ids=req["stop_token_ids"], skip_special_tokens=True)
+                  for seed in req["seeds"]]  # one per prompt: sample j of a request draws with its seed + j
         outs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in req["prompts"]], params, use_tqdm=False)
         reply = [[[o.text, o.finish_reason == "length", len(o.token_ids)] for o in r.outputs] for r in outs]
         protocol.write(json.dumps({"outputs": reply}) + "\n")
