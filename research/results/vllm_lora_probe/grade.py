@@ -14,12 +14,10 @@ held = pd.read_parquet(ws / "data/task/heldout.parquet")
 ev = pd.read_parquet(ws / f"data/{sys.argv[2]}/eval.parquet")
 ev = ev[ev.set == "heldout"].set_index("prompt_id").loc[held.prompt_id]
 print("loop's own eval:", round(ev.correct.mean(), 4))
-rows = {}
 for f in sys.argv[3:]:
     d = json.load(open(f))
     texts = [finish(t, stop)[0] for t in d["texts"]]
     ok = [bool(task.verify(task.extract(t).answer, g, c)) for t, g, c in zip(texts, held.answer, held.category)]
     same = sum(a == b for a, b in zip(texts, ev.response))
-    rows[f] = ok
     print(f, d["mode"], "acc", round(sum(ok) / len(ok), 4), "rate", round(d["rate"], 1), "s", round(d["seconds"], 1),
           "same text as loop's eval", same)
