@@ -50,3 +50,31 @@ def test_sum_share_refuses_answers_of_another_set(tmp_path):
     (tmp_path / "run-s3.json").write_text(json.dumps({"experiment": "run-s3", "params_set": PARAMS | {"seed": 4}}))
     with pytest.raises(SystemExit, match="gold answers differ"):
         sum_share.main([str(tmp_path)])
+
+
+GYM = {"seed": 2, "task.name": "reasoning_gym", "task.heldout_size": 24, "task.ttt_size": 6, "task.dev_size": 6,
+       "task.datasets": [{"name": "basic_arithmetic", "label": "ba", "weight": 1,
+                          "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
+                                     "allow_parentheses": False, "allow_negation": False,
+                                     "operators": ["+", "-", "*"]}}]}
+
+
+def test_sum_share_reads_a_reasoning_gym_run_per_operation(tmp_path):
+    """The arithmetic mix's categories name the expression's operation: the table has a column each."""
+    pytest.importorskip("reasoning_gym")
+    held, sums = kept_run(tmp_path, GYM)
+    sum_share.main([str(tmp_path)])
+    table = (tmp_path / "sum_share.md").read_text().splitlines()
+    header = next(r for r in table if r.startswith("| run |")).split(" | ")
+    cats = sorted(held["category"].unique())
+    assert set(cats) <= {"ba.add", "ba.mul", "ba.sub"} and header[3:3 + len(cats)] == cats
+    it1 = next(r for r in table if r.startswith("| run-s3 | it1 |")).split(" | ")
+    assert it1[2:3 + len(cats)] == ["1.000"] * (1 + len(cats))
+
+
+def test_sum_share_refuses_a_task_without_operations(tmp_path):
+    kept_run(tmp_path)
+    (tmp_path / "run-s3.json").write_text(json.dumps({"experiment": "run-s3",
+                                                      "params_set": PARAMS | {"task.name": "arithmetic"}}))
+    with pytest.raises(SystemExit, match="not one of word_math, reasoning_gym"):
+        sum_share.main([str(tmp_path)])
