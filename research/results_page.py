@@ -88,6 +88,14 @@ STUDIES = (
         "No label-free arm clears the floor on every seed: the best, NFT on the gated vote, ends +0.042 +- 0.020 "
         "over it. Gold labels end +0.061 +- 0.020. The validity check alone ends below it0 (-0.036 +- 0.031)."),
     Study(
+        "Does the reasoning-gym mix grow the sum shortcut?",
+        "python -m research.sum_share research/results/smollm2_gym_arms",
+        "research/results/smollm2_gym_arms/sum_share.md",
+        tuple(f"nft1-scpo-validity_any-category_gate-s{seed} / {it}" for seed in (0, 1, 2) for it in ("it0", "it3")),
+        "No: unlike V3's word problems, no kept gym arm or control answers the sum more often at it3 where it is "
+        "wrong beyond a few problems (multiplication 0.08-0.12 at it0, 0.06-0.19 at it3). The share rises on "
+        "additions only, with their accuracy. The gym recipe needs no shortcut gate at three iterations."),
+    Study(
         "Faster loops: adaptive sampling and the answer stop",
         "python -m research.real_loops --recipe smollm2-v3 --judges co_reward+validity_any -S evolve.strategy=sec "
         "--tag fast --seeds 0 1 --plain /tmp/loops --out research/results/smollm2_v3_fast",
