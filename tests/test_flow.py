@@ -141,3 +141,31 @@ def test_the_comas_flow_runs_its_stages_with_an_override_as_an_experiment(tmp_pa
     shown = subprocess.run([sys.executable, "-m", "dvc", "exp", "show", "--json"], cwd=tmp_path, env=env,
                            capture_output=True, text=True, check=True).stdout
     assert "comas-3" in shown
+
+
+@pytest.mark.heavy  # a whole loop through Prefect: `make test-e2e`, not CI
+def test_a_six_iteration_recipe_runs_through_the_flow_and_stops_early(tmp_path, prefect_harness, monkeypatch):
+    """The flow with recipe `long` (it4-it6 and the stop) runs every stage of six iterations as tasks, in a
+    worktree that ends as a DVC experiment; with patience 1 the iterations after the first that does not
+    pass the rule pose no prompts and train nothing, and the summary says where the loop stopped."""
+    from flows.loop import self_improve_loop
+
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    git_copy(tmp_path, tiny_full(), env)
+    # a user's own recipe, composed after `long` (whose patience is 3)
+    (tmp_path / "configs" / "recipes" / "patience-1.yaml").write_text("stop:\n  patience: 1\n")
+    monkeypatch.setenv("SELF_IMPROVE_REPOS", str(tmp_path))
+    state = self_improve_loop(str(tmp_path), recipe="long,patience-1", experiment_name="long", return_state=True)
+    assert state.is_completed(), state
+    stages = state.result()
+    assert "evaluate@it6" in stages and stages[-1] == "report"
+    subprocess.run([sys.executable, "-m", "dvc", "exp", "apply", "long"], cwd=tmp_path, env=env, check=True,
+                   capture_output=True)
+    its = ("it1", "it2", "it3", "it4", "it5", "it6")
+    stops = {it: json.loads((tmp_path / "data" / it / "stop.json").read_text()) for it in its}
+    first = next(it for it, s in stops.items() if s["stopped"])  # the tiny base: it1 passes no 2-point rise
+    for it in its[its.index(first):]:
+        assert stops[it]["stopped"] and stops[it]["at"] == stops[first]["at"]
+        assert json.loads((tmp_path / "data" / it / "train_metrics.json").read_text())["train_examples"] == 0
+    summary = (tmp_path / "reports" / "summary.md").read_text()
+    assert f"**The loop stopped after {stops[first]['at']}**" in summary and "| it6 |" in summary
