@@ -155,7 +155,8 @@ class SampleConfig(_Section):
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(6, ge=1)
     batch_size: int = Field(
-        1024, ge=1, description="hf: sequences per generate() call, lowered to fit free memory"
+        1024, ge=1, description="hf: sequences per generate() call, lowered to fit free memory (ct2 decodes "
+        "sample.ct2.batch_size at once; vLLM schedules its own batches)"
     )
     score_tokens: int = Field(
         8192, ge=1, description="padded tokens per scoring forward pass (log-probs), lowered to fit free memory"
