@@ -118,11 +118,11 @@ def fit(runs: list[tuple[str, list[dict]]], max_below: int) -> tuple[Rule, dict]
     return best[1], best[2]
 
 
-def stop_replay(runs: list[tuple[str, list[dict]]], patience: int) -> dict:
-    """The early stop (`stop.enabled`, `patience`) replayed on kept runs: where it would have stopped
-    (the metrics known before each iteration) and whether the run's best held-out iteration came after
-    it, above every iteration before the stop by more than one s.e. of the best (a gain cut off)."""
-    cfg = StopConfig(enabled=True, patience=patience)
+def stop_replay(runs: list[tuple[str, list[dict]]], patience: int, while_rising: bool = True) -> dict:
+    """The early stop (`stop.enabled`, `patience`, `while_rising`) replayed on kept runs: where it would
+    have stopped (the metrics known before each iteration) and whether the run's best held-out iteration
+    came after it, above every iteration before the stop by more than one s.e. of the best (a gain cut off)."""
+    cfg = StopConfig(enabled=True, patience=patience, while_rising=while_rising)
     stopped, cut = [], []
     for name, rows in runs:
         at = next((n for n in range(1, len(rows)) if decide(rows[:n], cfg).stopped), None)
@@ -132,7 +132,8 @@ def stop_replay(runs: list[tuple[str, list[dict]]], patience: int) -> dict:
         best = max(rows, key=lambda r: r["accuracy"])
         if best["accuracy"] - max(r["accuracy"] for r in rows[:at]) > best["accuracy_se"]:
             cut.append(name)  # the best came after the stop, beyond one s.e. of every iteration before it
-    return {"patience": patience, "runs": len(runs), "stopped": len(stopped), "cut": cut}
+    return {"patience": patience, "while_rising": while_rising, "runs": len(runs), "stopped": len(stopped),
+            "cut": cut}
 
 
 def replayed(path, kept: dict[str, list[dict]]) -> list[tuple[str, list[dict]]]:
@@ -273,12 +274,13 @@ def main(argv: list[str] | None = None) -> None:
     lines += ["", "## The early stop replayed", "",
               "Where `stop` (self_improve/stopping.py) would have stopped each kept run, reading the metrics known "
               "before each iteration, and the runs whose best held-out iteration came after the stop, above every "
-              "iteration before it by more than one s.e. (a gain the stop would have cut off). Kept runs have three iterations: only stops "
-              "before it2 or it3 show, and patience 3 cannot stop one.", "", "| patience | runs stopped early | best iteration cut off |",
-              "|---|---|---|"]
-    stops = [stop_replay(runs, p) for p in (1, 2, 3)]
+              "iteration before it by more than one s.e. (a gain the stop would have cut off); with `stop.while_rising` "
+              "(the default) and without it. Most kept runs have three iterations, where only stops before it2 or it3 "
+              "show; patience 3 can stop only the six-iteration runs.", "",
+              "| patience | goes on while rising | runs stopped early | best iteration cut off |", "|---|---|---|---|"]
+    stops = [stop_replay(runs, p, w) for p in (1, 2, 3) for w in (True, False)]
     for st in stops:
-        lines.append(f"| {st['patience']} | {st['stopped']}/{st['runs']} | {len(st['cut'])}"
+        lines.append(f"| {st['patience']} | {'yes' if st['while_rising'] else 'no'} | {st['stopped']}/{st['runs']} | {len(st['cut'])}"
                      f"{': ' + ', '.join(st['cut']) if st['cut'] else ''} |")
     lines += ["", f"Below it0 with the product's rule: {', '.join(product['below_runs']) or 'none'}.",
               f"Gained but not picked within one s.e. with the product's rule: {', '.join(product['missed']) or 'none'}.",

@@ -134,6 +134,21 @@ STUDIES = (
         "Both gated runs were still rising at it6, and at seed 1 every operation ends above it0 beyond noise "
         "(its summary.md)."),
     Study(
+        "The stop that cut a rising loop short (seed 2)",
+        "python -m research.real_loops --recipe smollm2-v3 long --judges co_reward+validity_any+shortcut -S "
+        "evolve.strategy=sec --seeds 2 --tag long1-sec --plain /tmp/loops7 --out research/results/smollm2_v3_long; "
+        "python -m research.extend_loop /tmp/loops9/src-long1-s2 --finished "
+        "research/results/smollm2_v3_long/long1-sec-co_reward-validity_any-shortcut-s2.json --recipe smollm2-v3 long "
+        "--judge co_reward+validity_any+shortcut -S evolve.strategy=sec -S stop.enabled=false --seed 2 "
+        "--tag long1-nostop-sec --out research/results/smollm2_v3_long --workdir /tmp/loops9  "
+        "# src: the first run's workspace with it4-it6 removed",
+        "research/results/smollm2_v3_long/choice_shortcut.md",
+        ("long1-sec-co_reward-validity_any-shortcut-s2", "long1-nostop-sec-co_reward-validity_any-shortcut-s2"),
+        "The gated rule from it1 at seed 2 stopped after it3 at held-out 0.307: its agreement rose 0.133 -> 0.180, "
+        "short of the rule's interval, and the choice handed back it0 (0.172). Carried on, the loop reached 0.510 at "
+        "it6, +0.176 over the floor (paired low end +0.123), every operation above it0, and the choice picks it6. "
+        "The stop now goes on while the agreement sets new highs (`stop.while_rising`)."),
+    Study(
         "CoMAS: two agents that solve, evaluate and score each other",
         "make loop-comas",
         "reports/comas/summary.md", (),
@@ -143,9 +158,9 @@ STUDIES = (
         "Which iteration to keep, chosen without labels",
         "python -m research.choice_check",
         "research/results/choice_check.md", (),
-        "The rule picks within one standard error of the best iteration in 117 of the 131 kept runs that gained, "
-        "and below it0 beyond noise in 1 of 227. Refitted with each recipe left out its recall falls to 83 of 131; "
-        "refitted without the gym recipe, it picks none of that recipe's 36 gains."),
+        "The rule picks within one standard error of the best iteration in 124 of the 139 kept runs that gained, "
+        "and below it0 beyond noise in 1 of 235. Refitted with each recipe left out its recall falls to 89 of 139; "
+        "refitted without the gym recipe, it picks none of that recipe's 37 gains."),
     Study(
         "Choosing past the shortcut: the agreement on answers the task does not rule out",
         "python -m research.shortcut_choice research/results/smollm2_v3_long  # and smollm2_v3_arms",

@@ -237,7 +237,7 @@ def vetoes(row: dict, base: dict, invalid: bool = True) -> list[str]:
     return out
 
 
-def _signal(base: dict, shortcut: bool = False) -> tuple[str | None, str]:
+def signal_of(base: dict, shortcut: bool = False) -> tuple[str | None, str]:
     """The signal a candidate must raise, read off it0's metrics, and its words; `shortcut`: the clean
     agreement where it was recorded."""
     if shortcut and base.get("lf_clean_agreement") is not None:
@@ -278,7 +278,7 @@ def recommend(history: list[dict], rule: Rule = RULE) -> dict:
     if not history:
         raise ValueError("recommend: no iterations")
     base = history[0]
-    key, what = _signal(base, rule.shortcut)
+    key, what = signal_of(base, rule.shortcut)
     floor = rule.min_support_gain if key == "lf_base_support" else rule.min_agreement_gain
     rows, picked = {}, []
     for row in history[1:]:

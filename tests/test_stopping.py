@@ -8,7 +8,7 @@ import yaml
 
 from self_improve import artifacts as art
 from self_improve.config import StopConfig
-from self_improve.stopping import decide
+from self_improve.stopping import decide, rising
 
 from .conftest import run_all
 
@@ -41,6 +41,34 @@ def test_it_stops_once_the_recommended_iteration_is_patience_behind():
     never = decide([BASE, _it("it1", 0.2, -0.05), _it("it2", 0.21, -0.04)], ON)
     assert never.stopped and "(it0) is 2 behind" in never.reason
     assert not decide([BASE, _it("it1", 0.2, -0.05), _it("it2", 0.21, -0.04)], StopConfig(enabled=True, patience=3)).stopped
+
+
+def test_a_signal_still_rising_keeps_the_loop_going():
+    """The rule recommends it0 (no gain clears its 95% interval), but the agreement set a new high in the
+    last `patience` iterations by more than the rule's minimum gain: the loop goes on and says why. A new
+    high by less, or a fall, stops it. The seed-2 V3 loop that stopped at it3 while rising, replayed."""
+    three = StopConfig(enabled=True, patience=3)
+    seed2 = [BASE | {"lf_agreement": 0.133}, _it("it1", 0.102, -0.094), _it("it2", 0.125, -0.086),
+             _it("it3", 0.180, -0.047)]
+    go = decide(seed2, three)
+    assert not go.stopped and go.at is None
+    assert go.reason == ("the recommended iteration (it0) is 3 behind the latest (it3), but its cross-view agreement "
+                         "is still rising: 0.180 at it3, above every earlier iteration's (at most 0.133) by more than +0.02")
+    strict = decide(seed2, StopConfig(enabled=True, patience=3, while_rising=False))  # the recommendation alone
+    assert strict.stopped and strict.at == "it3" and strict.reason.startswith("the recommended iteration (it0) is 3 behind")
+    assert rising(seed2, 3) and not rising(seed2, 4)  # it0 alone before the window; nothing before it
+    level = seed2[:3] + [_it("it3", 0.150, -0.06)]  # +0.017 over it0: not more than the minimum gain
+    assert rising(level, 3) is None and decide(level, three).stopped
+    # later: a new high at it3 keeps it4 going with patience 2; none in it3-it4 above it0-it2 stops it5
+    later = seed2 + [_it("it4", 0.17, -0.05)]
+    assert not decide(later, ON).stopped
+    fell = later + [_it("it5", 0.16, -0.06)]
+    stop = decide(fell, ON)
+    assert stop.stopped and stop.at == "it5" and "(it0) is 5 behind" in stop.reason
+    # the base support (no rewrites) is a guard that held, not a signal that rises: no exception
+    guard = [{"iteration": "it0", "lf_base_support": 0.6}] + [
+        {"iteration": f"it{i}", "lf_base_support": 0.6 + 0.1 * i, "lf_base_support_gain_lo": -0.2} for i in (1, 2)]
+    assert rising(guard, 2) is None and decide(guard, ON).stopped
 
 
 def test_once_stopped_it_stays_stopped():

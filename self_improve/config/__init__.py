@@ -84,7 +84,11 @@ class StopConfig(_Section):
     enabled: bool = Field(False, description="stop the loop early by the label-free choice rule: once stopped, "
                           "later iterations pose no prompts and train nothing, passing the model on")
     patience: int = Field(3, ge=1, description="stop once the iteration the choice rule recommends (choice.RULE) "
-                          "is this many iterations behind the latest: no candidate since")
+                          "is this many iterations behind the latest (no candidate since) and its agreement "
+                          "signal set no new high in them (stopping.rising)")
+    while_rising: bool = Field(True, description="go on while the rule's agreement signal sets new highs (above "
+                               "every earlier iteration's by more than the rule's minimum gain) in those iterations, "
+                               "though none passed the rule; false: stop on the recommendation alone")
     on_alarm: bool = Field(False, description="also stop when the reward-hacking alarm fires (quality.py; it reads "
                            "held-out and verifier accuracy where the task has gold answers: not label-free)")
 
