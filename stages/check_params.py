@@ -14,9 +14,10 @@ from __future__ import annotations
 import argparse
 
 from self_improve import artifacts as art
-from self_improve.config import Params
+from self_improve.config import Params, SecScope
 from self_improve.stage import Arg, Declaration, Run, derive_seed, run_stage
 from self_improve.tasks import task_for
+from self_improve.tasks.base import check_scope
 
 MARKER = "params.yaml passed self_improve/config's checks; its bytes never depend on the params\n"
 
@@ -32,9 +33,13 @@ DECLARATION = Declaration(
 
 def _body(args: argparse.Namespace, params: Params) -> None:
     # run_stage has validated the whole file by now (load_params); only a valid one gets here
+    task = None
     if params.task.entry.check_sets:  # reasoning_gym's datasets refuse their own bad names and values,
         # and sets too small to be disjoint are found here rather than after prepare lost its outputs
-        task_for(params.task).sets(derive_seed(params.seed, "split"), params.prepare.train_size)
+        task = task_for(params.task)
+        task.sets(derive_seed(params.seed, "split"), params.prepare.train_size)
+    if params.evolve.sec_scope == SecScope.mix:  # a mix only a procedural task can steer
+        check_scope(task or task_for(params.task), params.evolve)
     with art.atomic_path(args.out) as tmp:
         tmp.write_text(MARKER, encoding="utf-8")
 

@@ -190,6 +190,30 @@ def test_check_params_refuses_a_bad_dataset_before_any_stage(tmp_path, tiny_raw,
     assert not (tmp_path / "data/params.ok").exists()
 
 
+def test_a_mix_the_curriculum_cannot_steer_is_refused_naming_the_key(tmp_path, tiny_raw, capsys, monkeypatch):
+    """`sec` on a file task poses `evolve.fresh` of the test-time problems by category and has no fresh draws
+    to fill a category with: `sec_scope: mix` is refused by check_params (before any stage) and by propose,
+    not ignored; a procedural task takes it."""
+    from self_improve.config import EvolveConfig
+    from self_improve.tasks.base import check_scope
+    from stages import check_params
+
+    mix = EvolveConfig(strategy="sec", sec_scope="mix")
+    with pytest.raises(ConfigError, match="evolve.sec_scope: mix .* task 'reasoning_gym'"):
+        check_scope(_task(), mix)
+    check_scope(_task(), EvolveConfig(strategy="sec"))  # fresh: the file task's own way
+    check_scope(task_for(TaskConfig(name="word_math")), mix)
+    monkeypatch.chdir(tmp_path)
+    raw = {**tiny_raw, "task": {**tiny_raw["task"], "name": "reasoning_gym", "datasets": DATASETS[:2],
+                                "heldout_size": 40, "ttt_size": 20},
+           "evolve": {**tiny_raw.get("evolve", {}), "strategy": "sec", "sec_scope": "mix"}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(SystemExit) as err:
+        check_params.main(["--out", "data/params.ok", "--params", "params.yaml"])
+    assert err.value.code != 0 and "evolve.sec_scope" in capsys.readouterr().err
+    assert not (tmp_path / "data/params.ok").exists()
+
+
 @pytest.mark.loop
 def test_a_loop_on_reasoning_gym_with_a_chat_model(tmp_path_factory, bpe_model_dir):
     from tests.test_tasks import _loop

@@ -109,6 +109,18 @@ def most_informative(judgments: pd.DataFrame, n: int) -> list[str]:
     return sorted(base["prompt"].unique())
 
 
+def check_scope(task, cfg: EvolveConfig) -> None:
+    """`evolve.sec_scope: mix` needs a task that draws fresh problems by category (a procedural task's
+    `steers_mix`): a file task's `sec` already draws `evolve.fresh` of its test-time problems by category,
+    and has nothing to fill a category beyond them. Refused by key, not ignored."""
+    if cfg.strategy == EvolveStrategy.sec and cfg.sec_scope == SecScope.mix and not getattr(task, "steers_mix", False):
+        from self_improve.errors import ConfigError
+
+        raise ConfigError(f"evolve.sec_scope: mix steers a procedural task's fresh draws; task {task.name!r} draws "
+                          f"none (its `sec` poses evolve.fresh of the test-time problems, by category): use "
+                          f"sec_scope: fresh")
+
+
 class ProceduralTask:
     """A task that generates its problems: fresh draws, mutations (eva), draws by category (sec).
 
@@ -118,6 +130,7 @@ class ProceduralTask:
     """
 
     name = "procedural"
+    steers_mix = True  # evolve.sec_scope: mix fills each category with fresh draws (check_scope)
     open_ended = False
 
     def propose(self, inp: ProposeInput) -> pd.DataFrame:

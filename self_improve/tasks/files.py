@@ -35,6 +35,7 @@ from self_improve.tasks.base import (
     ProposeInput,
     TaskSets,
     by_category,
+    check_scope,
     frame,
     most_informative,
     prompt_rows,
@@ -148,8 +149,9 @@ class FileTask(FreeTextAnswers):
     def propose(self, inp: ProposeInput) -> pd.DataFrame:
         cfg = inp.cfg
         rng = random.Random(inp.seed)
+        check_scope(self, cfg)
         pool = inp.ttt.assign(iteration=inp.iteration)
-        if cfg.strategy == EvolveStrategy.sec:
+        if cfg.strategy == EvolveStrategy.sec:  # `fresh` test-time problems, by category: the pool is the file
             counts = allocate(inp.curriculum, cfg.fresh, rng)
             cats = pool["category"].fillna(NO_CATEGORY)
             keep: list[int] = []
