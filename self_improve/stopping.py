@@ -5,16 +5,15 @@ The evolve stage of iteration N reads the metrics of it0 .. it(N-1) (the history
 iteration the choice rule recommends (`choice.recommend` with `choice.RULE`: the latest candidate,
 its signal risen beyond noise) is `stop.patience` iterations behind the latest one: no iteration
 since has passed the rule; unless the rule's agreement signal is still rising (`rising`, on with
-`stop.while_rising`): one of those
-iterations set a new high, above every earlier iteration's by more than the rule's minimum gain. A
-rise too small for the rule's 95% interval is not a plateau: on 128 test-time problems the interval
-is wide, and a V3 loop whose held-out accuracy rose 0.172 -> 0.307 from it0 to it3 (its agreement 0.133
--> 0.180, low end -0.047) stopped there before this exception. With `stop.on_alarm`, it also stops
-when the reward-hacking alarm fires (`quality.reward_hacking_alarm`; it reads held-out and verifier
-accuracy where the task has gold answers, so this part is not label-free). Once stopped, the loop
-stays stopped: an iteration whose predecessor stopped poses no prompts, so it samples, judges and
-trains nothing and passes its starting model on; its evaluation gives its predecessor's greedy
-answers again (evaluation.Replay).
+`stop.while_rising`): one of those iterations set a new high, above every earlier iteration's by
+more than the rule's minimum gain. A rise too small for the rule's 95% interval is not a plateau: on
+128 test-time problems the interval is wide, and a V3 loop whose held-out accuracy rose 0.172 ->
+0.307 from it0 to it3 (its agreement 0.133 -> 0.180, low end -0.047) stopped there before this
+exception. With `stop.on_alarm`, it also stops when the reward-hacking alarm fires
+(`quality.reward_hacking_alarm`; it reads held-out and verifier accuracy where the task has gold
+answers, so this part is not label-free). Once stopped, the loop stays stopped: an iteration whose
+predecessor stopped poses no prompts, so it samples, judges and trains nothing and passes its
+starting model on; its evaluation gives its predecessor's greedy answers again (evaluation.Replay).
 """
 
 from __future__ import annotations
