@@ -118,7 +118,7 @@ def check_scope(task, cfg: EvolveConfig) -> None:
 
         raise ConfigError(f"evolve.sec_scope: mix steers a procedural task's fresh draws; task {task.name!r} draws "
                           f"none (its `sec` poses evolve.fresh of the test-time problems, by category): use "
-                          f"sec_scope: fresh")
+                          f"sec_scope: fresh, with evolve.fresh as large as the test-time set to steer all of it")
 
 
 class ProceduralTask:
