@@ -146,7 +146,7 @@ STUDIES = (
         ("long1-sec-co_reward-validity_any-shortcut-s2", "long1-nostop-sec-co_reward-validity_any-shortcut-s2"),
         "The gated rule from it1 at seed 2 stopped after it3 at held-out 0.307: its agreement rose 0.133 -> 0.180, "
         "short of the rule's interval, and the choice handed back it0 (0.172). Carried on, the loop reached 0.510 at "
-        "it6, +0.176 over the floor (paired low end +0.123), every operation above it0, and the choice picks it6. "
+        "it6, +0.176 over the floor (paired low end +0.123), every operation above it0, still rising; the choice picks it6. "
         "The stop now goes on while the agreement sets new highs (`stop.while_rising`)."),
     Study(
         "CoMAS: two agents that solve, evaluate and score each other",
