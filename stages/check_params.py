@@ -38,7 +38,7 @@ def _body(args: argparse.Namespace, params: Params) -> None:
         # and sets too small to be disjoint are found here rather than after prepare lost its outputs
         task = task_for(params.task)
         task.sets(derive_seed(params.seed, "split"), params.prepare.train_size)
-    if params.evolve.sec_scope == SecScope.mix:  # a mix only a procedural task can steer
+    if params.evolve.sec_scope == SecScope.mix:  # a mix only a task that draws fresh problems can steer
         check_scope(task or task_for(params.task), params.evolve)
     with art.atomic_path(args.out) as tmp:
         tmp.write_text(MARKER, encoding="utf-8")

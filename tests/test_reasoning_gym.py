@@ -191,27 +191,93 @@ def test_check_params_refuses_a_bad_dataset_before_any_stage(tmp_path, tiny_raw,
 
 
 def test_a_mix_the_curriculum_cannot_steer_is_refused_naming_the_key(tmp_path, tiny_raw, capsys, monkeypatch):
-    """`sec` on a file task poses `evolve.fresh` of the test-time problems by category and has no fresh draws
-    to fill a category with: `sec_scope: mix` is refused by check_params (before any stage) and by propose,
-    not ignored; a procedural task takes it."""
+    """`sec` on a file of the user's poses `evolve.fresh` of its test-time problems by category and has no
+    fresh draws to fill a category with: `sec_scope: mix` is refused by check_params (before any stage) and
+    by propose, not ignored; reasoning_gym and the procedural tasks draw fresh problems, and take it."""
     from self_improve.config import EvolveConfig
     from self_improve.tasks.base import check_scope
     from stages import check_params
 
     mix = EvolveConfig(strategy="sec", sec_scope="mix")
-    with pytest.raises(ConfigError, match="evolve.sec_scope: mix .* task 'reasoning_gym'"):
-        check_scope(_task(), mix)
-    check_scope(_task(), EvolveConfig(strategy="sec"))  # fresh: the file task's own way
+    gsm = task_for(TaskConfig(name="math_file", prompt_file=str(ROOT / "data/inputs/gsm8k_sample.jsonl")))
+    with pytest.raises(ConfigError, match="evolve.sec_scope: mix .* task 'math_file'"):
+        check_scope(gsm, mix)
+    check_scope(gsm, EvolveConfig(strategy="sec"))  # fresh: the file task's own way
+    check_scope(_task(), mix)
     check_scope(task_for(TaskConfig(name="word_math")), mix)
     monkeypatch.chdir(tmp_path)
-    raw = {**tiny_raw, "task": {**tiny_raw["task"], "name": "reasoning_gym", "datasets": DATASETS[:2],
-                                "heldout_size": 40, "ttt_size": 20},
+    raw = {**tiny_raw, "task": {**tiny_raw["task"], "name": "math_file",
+                                "prompt_file": str(ROOT / "data/inputs/gsm8k_sample.jsonl")},
            "evolve": {**tiny_raw.get("evolve", {}), "strategy": "sec", "sec_scope": "mix"}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     with pytest.raises(SystemExit) as err:
         check_params.main(["--out", "data/params.ok", "--params", "params.yaml"])
     assert err.value.code != 0 and "evolve.sec_scope" in capsys.readouterr().err
     assert not (tmp_path / "data/params.ok").exists()
+
+
+LADDER = [
+    {"name": "chain_sum", "label": "easy", "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1,
+                                                      "max_digits": 1}},
+    {"name": "chain_sum", "label": "hard", "config": {"min_terms": 3, "max_terms": 3, "min_digits": 1,
+                                                      "max_digits": 2}},
+]
+
+
+def _mix_input(task, sets, q, iteration="it1", seed=11, fresh=24):
+    from self_improve.config import EvolveConfig
+    from self_improve.curriculum import BanditState
+    from self_improve.tasks import ProposeInput
+
+    state = BanditState(q=q, temperature=0.05)
+    return ProposeInput(EvolveConfig(strategy="sec", sec_scope="mix", fresh=fresh, rewrites=0), iteration, seed,
+                        sets.ttt, sets.heldout, sets.ttt.iloc[:0], curriculum=state, rewrites=False)
+
+
+def test_sec_with_mix_steers_the_whole_mix_over_levels_with_fresh_draws():
+    """The bandit's allocation of test-time and fresh problems together: a category the bandit favours
+    takes all its test-time problems, then fresh draws of its own level and operation, each with the
+    dataset's gold, never a held-out or test-time question; seeded by the iteration."""
+    from self_improve.curriculum import allocate
+    import random
+
+    task = _task(datasets=LADDER, heldout_size=40, ttt_size=20)
+    sets = task.sets(0, 0)
+    cats = task.categories(sets)
+    hard = [c for c in cats if c.startswith("hard.")]
+    q = {c: (1.0 if c in hard else 0.0) for c in cats}  # the bandit favours the hard level
+    inp = _mix_input(task, sets, q)
+    df = task.propose(inp)
+    want = allocate(inp.curriculum, len(sets.ttt) + 24, random.Random(11))
+    assert sum(want[c] for c in hard) == len(df)  # temperature 0.05: every problem goes to the hard level
+    assert df["category"].value_counts().to_dict() == {c: n for c, n in want.items() if n}
+    fresh = df[df["source"] == "fresh"]
+    posed_ttt = df[df["source"] == "ttt"]
+    assert set(posed_ttt["category"]) <= set(hard) and len(fresh) == len(df) - len(posed_ttt)
+    assert len(posed_ttt) == sets.ttt["category"].isin(hard).sum()  # its test-time problems first
+    assert inp.stats["fresh_by_category"] == {c: n for c, n in (fresh["category"].value_counts()).items()}
+    keys = {_key(p) for p in (*sets.heldout["prompt"], *sets.ttt["prompt"])}
+    assert not keys & {_key(p) for p in fresh["prompt"]} and fresh["prompt"].is_unique
+    for prompt, answer, cat in zip(fresh["prompt"], fresh["answer"], fresh["category"]):
+        expression = task.question(prompt).rsplit(":", 1)[1].strip().rstrip("=").strip()  # "4 - 1 - 7 ="
+        assert len(expression.split()) == 5 and str(eval(expression)) == answer and cat.startswith("hard.")
+        ops = {"+": "add", "-": "sub"}
+        assert cat == "hard." + "+".join(o for o in ("add", "sub") if o in {ops[t] for t in expression.split()[1::2]})
+    assert df.equals(task.propose(_mix_input(task, sets, q)))  # the same iteration seed: the same mix
+    other = task.propose(_mix_input(task, sets, q, iteration="it2", seed=12))
+    assert set(other.loc[other["source"] == "fresh", "prompt"]) != set(fresh["prompt"])
+
+
+def test_fresh_draws_that_run_out_of_distinct_problems_say_so():
+    """A level with few distinct problems gives what it has, and the prompts' provenance counts the rest."""
+    task = _task(datasets=LADDER, heldout_size=40, ttt_size=20)
+    sets = task.sets(0, 0)
+    easy = [c for c in task.categories(sets) if c.startswith("easy.")]
+    inp = _mix_input(task, sets, {c: (1.0 if c in easy else 0.0) for c in task.categories(sets)}, fresh=600)
+    df = task.propose(inp)
+    assert df["prompt"].is_unique and set(df["category"]) <= set(easy)
+    assert sum(inp.stats["fresh_short"].values()) > 0  # 2 one-digit terms: 200 problems at most
+    assert len(df) + sum(inp.stats["fresh_short"].values()) == len(sets.ttt) + 600
 
 
 @pytest.mark.loop

@@ -41,8 +41,8 @@ class EvolveConfig(_Section):
     sec_scope: SecScope = Field(
         SecScope.fresh, description="sec: what the curriculum steers: the `fresh` problems, or the whole `mix` "
         "(as many problems as the test-time set and the fresh ones together, by category from the bandit: a "
-        "category's test-time problems first, fresh draws for the rest; procedural tasks only: a file task's "
-        "`sec` poses `fresh` of its test-time problems)")
+        "category's test-time problems first, fresh draws for the rest; procedural tasks and reasoning_gym, whose "
+        "draws come from the category's level: a file of the user's poses `fresh` of its test-time problems)")
 
 
 class Ct2ComputeType(str, enum.Enum):

@@ -17,6 +17,7 @@ import pandas as pd
 from self_improve import artifacts as art
 from self_improve.config import EvolveConfig, EvolveStrategy, SecScope
 from self_improve.curriculum import NO_CATEGORY, BanditState, allocate
+from self_improve.errors import ConfigError
 from self_improve.tasks.answers import Extracted
 
 # `write(prompts, n) -> n texts per prompt`: the current model writing text (rewrites, paraphrases)
@@ -110,13 +111,11 @@ def most_informative(judgments: pd.DataFrame, n: int) -> list[str]:
 
 
 def check_scope(task, cfg: EvolveConfig) -> None:
-    """`evolve.sec_scope: mix` needs a task that draws fresh problems by category (a procedural task's
-    `steers_mix`): a file task's `sec` already draws `evolve.fresh` of its test-time problems by category,
-    and has nothing to fill a category beyond them. Refused by key, not ignored."""
+    """`evolve.sec_scope: mix` needs a task that draws fresh problems by category (`steers_mix`: the
+    procedural tasks, reasoning_gym): a file of the user's has nothing to fill a category beyond its
+    test-time problems, of which its `sec` draws `evolve.fresh` by category. Refused by key, not ignored."""
     if cfg.strategy == EvolveStrategy.sec and cfg.sec_scope == SecScope.mix and not getattr(task, "steers_mix", False):
-        from self_improve.errors import ConfigError
-
-        raise ConfigError(f"evolve.sec_scope: mix steers a procedural task's fresh draws; task {task.name!r} draws "
+        raise ConfigError(f"evolve.sec_scope: mix fills categories with fresh draws; task {task.name!r} draws "
                           f"none (its `sec` poses evolve.fresh of the test-time problems, by category): use "
                           f"sec_scope: fresh, with evolve.fresh as large as the test-time set to steer all of it")
 

@@ -146,21 +146,25 @@ class FileTask(FreeTextAnswers):
             out.append(kept)
         return out, dropped
 
-    def propose(self, inp: ProposeInput) -> pd.DataFrame:
-        cfg = inp.cfg
-        rng = random.Random(inp.seed)
-        check_scope(self, cfg)
-        pool = inp.ttt.assign(iteration=inp.iteration)
-        if cfg.strategy == EvolveStrategy.sec:  # `fresh` test-time problems, by category: the pool is the file
-            counts = allocate(inp.curriculum, cfg.fresh, rng)
+    def pick(self, inp: ProposeInput, rng: random.Random) -> list[tuple]:
+        """The iteration's problems, (group_id, source, category, prompt, answer): the test-time rows, or
+        under `sec` `evolve.fresh` of them drawn by category from the bandit (the pool is the file)."""
+        pool = inp.ttt
+        if inp.cfg.strategy == EvolveStrategy.sec:
+            counts = allocate(inp.curriculum, inp.cfg.fresh, rng)
             cats = pool["category"].fillna(NO_CATEGORY)
             keep: list[int] = []
             for cat in sorted(counts):
                 idx = list(pool.index[cats == cat])
                 keep += rng.sample(idx, min(counts[cat], len(idx)))
             pool = pool.loc[sorted(keep)]
-        problems = [(g, s, c, p, a) for g, s, c, p, a in zip(pool["group_id"], pool["source"], pool["category"],
-                                                              pool["prompt"], pool["answer"])]
+        return list(zip(pool["group_id"], pool["source"], pool["category"], pool["prompt"], pool["answer"]))
+
+    def propose(self, inp: ProposeInput) -> pd.DataFrame:
+        cfg = inp.cfg
+        rng = random.Random(inp.seed)
+        check_scope(self, cfg)
+        problems = self.pick(inp, rng)
         if cfg.strategy == EvolveStrategy.eva and inp.writer is not None:
             parents = most_informative(inp.prev_judgments, cfg.keep_top)
             if parents:

@@ -17,23 +17,38 @@ by content (a question is one problem whatever its spacing or case). The answer 
 project's extraction (and from reasoning-gym's `<answer>...</answer>` when a response uses it);
 right means the dataset's `score_answer` gives 1.0 for it against the gold (partial credit counts
 as wrong). Everything else (the iteration's prompts from the test-time set, the model's
-paraphrases for co_reward, eva's new problems, the seed data for SPIN) is the file tasks'.
+paraphrases for co_reward, eva's new problems, the seed data for SPIN) is the file tasks', but for
+`sec` with `evolve.sec_scope: mix`: the bandit then allocates the whole training mix (as many problems
+as the test-time set and `evolve.fresh` together) over the categories, a category's test-time
+problems first and fresh draws from its entry for the rest, so the curriculum moves the mix between
+levels and operations. Fresh draws come from each entry's own stream seeded by the iteration, never a
+held-out or test-time question.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import random
 import re
 from typing import Any, Optional
 
 import pandas as pd
 
-from self_improve.config import TaskConfig
+from self_improve.config import EvolveStrategy, SecScope, TaskConfig
+from self_improve.curriculum import NO_CATEGORY, allocate
 from self_improve.errors import ConfigError
 from self_improve.tasks.answers import Extracted, extract
-from self_improve.tasks.base import TaskSets, frame, prompt_rows, seed_frame
+from self_improve.tasks.base import ProposeInput, TaskSets, frame, prompt_rows, seed_frame
 from self_improve.tasks.files import FileTask
 from self_improve.tasks.inverse import expression_inverse
+
+log = logging.getLogger(__name__)
+
+# fresh draws: how many of an entry's items are read per problem still wanted before giving up (a level
+# with few distinct problems runs out; the shortfall is logged and counted in the prompts' provenance)
+DRAWS_PER_PROBLEM = 64
+MIN_DRAWS = 2048
 
 _ANSWER_TAG = re.compile(r"<answer>\s*(.*?)\s*</answer>", re.DOTALL | re.IGNORECASE)
 
@@ -110,6 +125,8 @@ def make_dataset(name: str, config: dict[str, Any], size: int, seed: int, where:
 class ReasoningGymTask(FileTask):
     """reasoning-gym datasets through the file tasks' machinery, graded by the datasets' scorers."""
 
+    steers_mix = True  # evolve.sec_scope: mix fills a category with fresh draws from its entry (check_scope)
+
     def __init__(self, cfg: TaskConfig):
         super().__init__(cfg)
         self.name = "reasoning_gym"
@@ -158,6 +175,70 @@ class ReasoningGymTask(FileTask):
         scorers = [self._scorers[entry]] if entry is not None else list(self._scorers.values())
         entry = {"question": "", "answer": gold, "metadata": {}}
         return float(any(s.score_answer(answer, entry) >= 1.0 for s in scorers))
+
+    def pick(self, inp: ProposeInput, rng: random.Random) -> list[tuple]:
+        """With `sec` and `sec_scope: mix`, the bandit's allocation of test-time and fresh problems
+        together: each category's test-time problems first (drawn at random, kept in their order), fresh
+        draws of that category for the rest. Otherwise the file tasks' choice."""
+        cfg = inp.cfg
+        if not (cfg.strategy == EvolveStrategy.sec and cfg.sec_scope == SecScope.mix):
+            return super().pick(inp, rng)
+        if inp.curriculum is None:
+            raise ValueError("sec needs the curriculum state")
+        pool = inp.ttt
+        counts = allocate(inp.curriculum, len(pool) + cfg.fresh, rng)
+        cats = pool["category"].fillna(NO_CATEGORY)
+        keep: list[int] = []
+        rest: dict[str, int] = {}
+        for cat in sorted(set(counts) | set(cats)):
+            idx = list(pool.index[cats == cat])
+            chosen = rng.sample(idx, min(counts.get(cat, 0), len(idx)))
+            keep += chosen
+            if cat != NO_CATEGORY and counts.get(cat, 0) > len(chosen):
+                rest[cat] = counts[cat] - len(chosen)
+        pool = pool.loc[sorted(keep)]
+        problems = list(zip(pool["group_id"], pool["source"], pool["category"], pool["prompt"], pool["answer"]))
+        forbidden = {_key(self.question(p)) for p in (*inp.heldout["prompt"], *inp.ttt["prompt"])}
+        drawn, short = self.fresh(rest, inp.seed, forbidden)
+        inp.stats["fresh_by_category"] = {c: n for c, n in sorted(rest.items())}
+        if short:
+            inp.stats["fresh_short"] = short
+            log.warning("fresh draws ran short of distinct problems: %s (the mix is that much smaller)",
+                        ", ".join(f"{c} {n}" for c, n in short.items()))
+        tag = inp.iteration
+        return problems + [(f"{tag}-fresh-{i:05d}", "fresh", cat, self.show(q), a)
+                           for i, (q, a, cat) in enumerate(drawn)]
+
+    def fresh(self, need: dict[str, int], seed: int, forbidden: set[str]) -> tuple[list[tuple[str, str, str]], dict]:
+        """`need[category]` new problems of each category, (question, answer, category), in order of
+        category: read from the category's entry in a stream of its own seeded by `seed`, skipping a
+        question in `forbidden` (keys) or drawn already. What a category could not get: the second value."""
+        by_entry: dict[int, dict[str, int]] = {}
+        labels = [e.category for e in self.entries]
+        for cat, n in need.items():
+            label = self.entry_label(cat)
+            if label is None or n <= 0:
+                continue
+            by_entry.setdefault(labels.index(label), {})[cat] = n
+        got: dict[str, list[tuple[str, str, str]]] = {c: [] for c in need}
+        seen = set(forbidden)
+        for i, wanted in sorted(by_entry.items()):
+            e = self.entries[i]
+            budget = max(MIN_DRAWS, DRAWS_PER_PROBLEM * sum(wanted.values()))
+            ds = make_dataset(e.name, e.config, budget, (seed * 1009 + i) % 2**32, f"task.datasets[{i}]")
+            missing = dict(wanted)
+            for item in ds:
+                cat = category_of(e.category, item.get("metadata"))
+                k = _key(item["question"])
+                if missing.get(cat, 0) <= 0 or k in seen:
+                    continue
+                seen.add(k)
+                got[cat].append((item["question"], str(item["answer"]), cat))
+                missing[cat] -= 1
+                if not any(v > 0 for v in missing.values()):
+                    break
+        short = {c: n - len(got.get(c, [])) for c, n in sorted(need.items()) if n > len(got.get(c, []))}
+        return [p for c in sorted(got) for p in got[c]], short
 
     def sets(self, seed: int, train_size: int) -> TaskSets:
         # dev after held-out and test-time: each entry's stream draws item i the same whatever comes
