@@ -125,6 +125,10 @@ def choice_markdown(df: pd.DataFrame) -> list[str]:
         lines += ["", f"**The loop stopped after {stopped[0].get('stop_at')}** (`stop`): {stopped[0].get('stop_reason')}. "
                       f"{', '.join(r['iteration'] for r in stopped)} posed no prompts and trained nothing: "
                       "each passed its starting model on."]
+    went_on = [r for r in rows if not r.get("stopped") and r.get("stop_reason")]
+    if went_on:
+        lines += ["", "**The loop went on where the stop was due** (`stop.while_rising`): " + "; ".join(
+            f"before {r['iteration']}, {r['stop_reason']}" for r in went_on) + "."]
     return lines + [""]
 
 

@@ -199,13 +199,16 @@ def _ruled_out(task, ttt: pd.DataFrame) -> dict[str, frozenset] | None:
 
 
 def _stopped(args: argparse.Namespace) -> dict:
-    """Whether the loop had stopped before this iteration, and where and why (evolve's stop.json)."""
+    """Whether the loop had stopped before this iteration, and where and why (evolve's stop.json); the
+    reason too where the stop was due but the loop went on (stop.while_rising)."""
     if not args.stop:
         return {}
     stop = art.read_json(args.stop)
     out = {STOPPED: float(bool(stop.get("stopped")))}
     if stop.get("stopped"):
         out.update({"stop_at": stop.get("at"), "stop_reason": stop.get("reason")})
+    elif stop.get("reason"):
+        out["stop_reason"] = stop["reason"]
     return out
 
 

@@ -71,6 +71,24 @@ def test_a_signal_still_rising_keeps_the_loop_going():
     assert rising(guard, 2) is None and decide(guard, ON).stopped
 
 
+def test_the_summary_says_where_the_loop_went_on_while_rising():
+    """A stop that was due but not taken (the signal still rising) is said in the summary, with its reason,
+    beside the iteration it let run; a loop that stopped says that instead."""
+    import pandas as pd
+
+    from self_improve.reporting import choice_markdown
+
+    three = StopConfig(enabled=True, patience=3)
+    seed2 = [BASE | {"lf_agreement": 0.133}, _it("it1", 0.102, -0.094), _it("it2", 0.125, -0.086),
+             _it("it3", 0.180, -0.047)]
+    go = decide(seed2, three)
+    rows = seed2 + [_it("it4", 0.2, -0.04, stopped=0.0, stop_reason=go.reason)]
+    text = "\n".join(choice_markdown(pd.DataFrame(rows)))
+    assert (f"**The loop went on where the stop was due** (`stop.while_rising`): before it4, {go.reason}."
+            in text) and "stopped after" not in text
+    assert "went on" not in "\n".join(choice_markdown(pd.DataFrame(seed2)))
+
+
 def test_once_stopped_it_stays_stopped():
     row = _it("it5", 0.5, 0.3, stopped=1.0, stop_at="it3", stop_reason="the recommended iteration (it1) ...")
     stop = decide([BASE, row], ON)
