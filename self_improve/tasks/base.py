@@ -187,21 +187,28 @@ class ProceduralTask:
 
     def steer(self, ttt: list[tuple[str, str]], counts: dict[str, int],
               rng: random.Random) -> tuple[list[tuple[str, str]], dict[str, int]]:
-        """The test-time problems (group_id, prompt) a curriculum allocation `counts` takes: up to its
-        count of each category, drawn at random, kept in their order; and what each category still needs
-        from fresh draws."""
-        by: dict[str, list[int]] = {}
-        for i, (_, prompt) in enumerate(ttt):
-            by.setdefault(self.parse(prompt).category or NO_CATEGORY, []).append(i)
-        keep: set[int] = set()
-        rest: dict[str, int] = {}
-        for cat in sorted(set(counts) | set(by)):
-            pool = by.get(cat, [])
-            chosen = rng.sample(pool, min(counts.get(cat, 0), len(pool)))
-            keep.update(chosen)
-            if cat != NO_CATEGORY and counts.get(cat, 0) > len(chosen):
-                rest[cat] = counts[cat] - len(chosen)
+        """The test-time problems (group_id, prompt) a curriculum allocation `counts` takes (`steer`), and
+        what each category still needs from fresh draws."""
+        keep, rest = steer([self.parse(prompt).category for _, prompt in ttt], counts, rng)
         return [row for i, row in enumerate(ttt) if i in keep], rest
+
+
+def steer(categories: list[str | None], counts: dict[str, int], rng: random.Random) -> tuple[set[int], dict[str, int]]:
+    """Which of the test-time problems (their `categories`, in order) a curriculum allocation `counts`
+    takes: up to its count of each category, drawn at random; and what each category still needs from
+    fresh draws."""
+    by: dict[str, list[int]] = {}
+    for i, cat in enumerate(categories):
+        by.setdefault(cat if isinstance(cat, str) and cat else NO_CATEGORY, []).append(i)
+    keep: set[int] = set()
+    rest: dict[str, int] = {}
+    for cat in sorted(set(counts) | set(by)):
+        pool = by.get(cat, [])
+        chosen = rng.sample(pool, min(counts.get(cat, 0), len(pool)))
+        keep.update(chosen)
+        if cat != NO_CATEGORY and counts.get(cat, 0) > len(chosen):
+            rest[cat] = counts[cat] - len(chosen)
+    return keep, rest
 
 
 def by_category(ttt: pd.DataFrame) -> list[str]:

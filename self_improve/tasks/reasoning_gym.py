@@ -36,10 +36,10 @@ from typing import Any, Optional
 import pandas as pd
 
 from self_improve.config import EvolveStrategy, SecScope, TaskConfig
-from self_improve.curriculum import NO_CATEGORY, allocate
+from self_improve.curriculum import allocate
 from self_improve.errors import ConfigError
 from self_improve.tasks.answers import Extracted, extract
-from self_improve.tasks.base import ProposeInput, TaskSets, frame, prompt_rows, seed_frame
+from self_improve.tasks.base import ProposeInput, TaskSets, frame, prompt_rows, seed_frame, steer
 from self_improve.tasks.files import FileTask
 from self_improve.tasks.inverse import expression_inverse
 
@@ -185,18 +185,8 @@ class ReasoningGymTask(FileTask):
             return super().pick(inp, rng)
         if inp.curriculum is None:
             raise ValueError("sec needs the curriculum state")
-        pool = inp.ttt
-        counts = allocate(inp.curriculum, len(pool) + cfg.fresh, rng)
-        cats = pool["category"].fillna(NO_CATEGORY)
-        keep: list[int] = []
-        rest: dict[str, int] = {}
-        for cat in sorted(set(counts) | set(cats)):
-            idx = list(pool.index[cats == cat])
-            chosen = rng.sample(idx, min(counts.get(cat, 0), len(idx)))
-            keep += chosen
-            if cat != NO_CATEGORY and counts.get(cat, 0) > len(chosen):
-                rest[cat] = counts[cat] - len(chosen)
-        pool = pool.loc[sorted(keep)]
+        keep, rest = steer(list(inp.ttt["category"]), allocate(inp.curriculum, len(inp.ttt) + cfg.fresh, rng), rng)
+        pool = inp.ttt.iloc[sorted(keep)]
         problems = list(zip(pool["group_id"], pool["source"], pool["category"], pool["prompt"], pool["answer"]))
         forbidden = {_key(self.question(p)) for p in (*inp.heldout["prompt"], *inp.ttt["prompt"])}
         drawn, short = self.fresh(rest, inp.seed, forbidden)
