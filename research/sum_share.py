@@ -19,11 +19,14 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 from self_improve.stage import derive_seed
 from self_improve.config import TaskConfig
 from self_improve.floors import policy_answers
 from self_improve.tasks import task_for
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 SUM_TASKS = ("word_math", "reasoning_gym")  # tasks whose categories name the operation
@@ -42,8 +45,16 @@ def task_of(result: dict):
     return task_for(TaskConfig(**{k.split(".", 1)[1]: v for k, v in params.items() if k.startswith("task.")}))
 
 
+def train_size(result: dict) -> int:
+    """The seed data's size the run drew its sets with: on reasoning-gym an earlier entry's seed problems
+    are skipped by a later entry whose levels overlap it, so the held-out set depends on it."""
+    default = yaml.safe_load((ROOT / "params.yaml").read_text())["prepare"]["train_size"]
+    return int(result["params_set"].get("prepare.train_size", default))
+
+
 def heldout_of(task, result: dict) -> pd.DataFrame:
-    return task.sets(derive_seed(int(result["params_set"]["seed"]), "split"), 0).heldout.set_index("prompt_id")
+    seed = derive_seed(int(result["params_set"]["seed"]), "split")
+    return task.sets(seed, train_size(result)).heldout.set_index("prompt_id")
 
 
 def rows(folder: Path) -> list[str]:
