@@ -96,6 +96,20 @@ STUDIES = (
         "wrong beyond a few problems (multiplication 0.08-0.12 at it0, 0.06-0.19 at it3). The share rises on "
         "additions only, with their accuracy. The gym recipe needs no shortcut gate at three iterations."),
     Study(
+        "A weak reasoning-gym ladder: gold, the label-free rule, the curriculum over levels (one seed)",
+        "python -m research.real_loops --recipe smollm2-gym gym-ladder --judges verifier --tag ladder --seeds 0 "
+        "--out research/results/smollm2_gym_ladder  # the same with: --judges format; --judges random -S "
+        "pairs.max_pairs=53; --judges scpo+validity_any+category_gate --tag ladder-nft1 -S train.algorithm=nft -S "
+        "train.epochs=1; the curriculum: --tag ladder-mix(-nft1) -S evolve.strategy=sec -S evolve.sec_scope=mix "
+        "(ladder-mix-t05: -S evolve.sec_temperature=0.05)",
+        "research/results/smollm2_gym_ladder/categories.md",
+        ("ladder-verifier (1 seed, it3) / (all)", "ladder-mix-verifier (1 seed, it3) / (all)",
+         "ladder-mix-t05-verifier (1 seed, it3) / (all)",
+         "ladder-nft1-scpo+validity_any+category_gate (1 seed, it3) / (all)",
+         "ladder-mix-nft1-scpo+validity_any+category_gate (1 seed, it3) / (all)",
+         "format (1 seed, it3) / (all)", "random (1 seed, it3) / (all)"),
+        "VERDICT"),
+    Study(
         "Faster loops: adaptive sampling and the answer stop",
         "python -m research.real_loops --recipe smollm2-v3 --judges co_reward+validity_any -S evolve.strategy=sec "
         "--tag fast --seeds 0 1 --plain /tmp/loops --out research/results/smollm2_v3_fast",
