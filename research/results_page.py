@@ -108,7 +108,11 @@ STUDIES = (
          "ladder-nft1-scpo+validity_any+category_gate (1 seed, it3) / (all)",
          "ladder-mix-nft1-scpo+validity_any+category_gate (1 seed, it3) / (all)",
          "format (1 seed, it3) / (all)", "random (1 seed, it3) / (all)"),
-        "VERDICT"),
+        "Gold rewards lift the ladder 0.135 -> 0.195 by it3 (+0.061 [+0.029, +0.094]), still under the sum floor 0.311; "
+        "the hardest level stays near 0. The curriculum over levels ends level with the fixed mix (-0.002 [-0.016, "
+        "+0.010]): SEC's signal steers to the level the model half solves. The label-free rule on the fixed mix gains "
+        "+0.051 [+0.018, +0.082], above `random` by +0.043 [+0.008, +0.078] and `format` by +0.074 [+0.039, +0.109]; "
+        "with the curriculum it ends -0.029 [-0.051, -0.010] under that. One seed."),
     Study(
         "Faster loops: adaptive sampling and the answer stop",
         "python -m research.real_loops --recipe smollm2-v3 --judges co_reward+validity_any -S evolve.strategy=sec "
