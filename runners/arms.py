@@ -12,7 +12,9 @@ higher) with the lowest low end of its per-seed paired 95% intervals, and the ga
 run such as sec-scpo) at the same seed, and each label-free arm against the oracle (verifier: how far
 gold labels take the same loop), problem by problem on the held-out set at the last iteration (a paired bootstrap over the problems of each seed: the mean difference and each seed's interval).
 `bar.md`: each arm against the bar a label-free gain must clear (over three seeds, above the floor and every
-control arm by paired intervals, no category lost beyond noise), and how close it came.
+control arm by paired intervals, no category lost beyond noise), and how close it came: at the last iteration,
+and at the iteration the label-free choice keeps (self_improve/choice.py, the product's rule, per seed), there
+against the controls at that same iteration.
 write_reports (runners/experiments.py) rebuilds them whenever a kept result lands.
 """
 
@@ -26,6 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from self_improve import artifacts as art
+from self_improve.choice import recommend
 from self_improve.quality import paired_gain
 
 CONTROLS = ("random", "format", "validity_only", "majority_vote")
@@ -49,6 +52,17 @@ def load(out: Path) -> dict[str, list[dict]]:
 
 def last_iteration(runs: list[dict]) -> str:
     return max((it for r in runs for it in r["metrics"]), key=lambda it: int(it[2:]))
+
+
+def history(run: dict) -> list[dict]:
+    """A kept run's metrics as the choice reads them: it0 first, then each iteration in order."""
+    return [{"iteration": it, **m} for it, m in sorted(run["metrics"].items(), key=lambda kv: int(kv[0][2:]))]
+
+
+def chosen_iteration(run: dict) -> str:
+    """The iteration the label-free choice keeps for a kept run (the product's rule, as the loop's summary
+    and `self_improve.models.export --iteration recommended` read it)."""
+    return recommend(history(run))["iteration"]
 
 
 def _mean_sd(values: list[float], signed: bool = False) -> str:
@@ -124,15 +138,18 @@ def extended(arm: str, groups: dict[str, list[dict]]) -> list[str]:
     return [p for p in ("+".join(parts[:i]) for i in range(1, len(parts))) if p in groups and p not in CONTROLS]
 
 
-def paired_against(runs: list[dict], control_runs: list[dict]) -> list[tuple[int, dict]]:
+def paired_against(runs: list[dict], control_runs: list[dict], chosen: bool = False) -> list[tuple[int, dict]]:
     """Per seed both arms share, the paired gain of `runs` over `control_runs` on the held-out problems at
-    each one's last iteration: (seed, {gain, lo, hi})."""
+    each one's last iteration (`chosen`: at the iteration the label-free choice keeps for the arm's run, the
+    control at that same iteration): (seed, {gain, lo, hi})."""
     last, theirs = last_iteration(runs), {r["seed"]: r for r in control_runs}
     out = []
     for r in runs:
         if r["seed"] not in theirs:
             continue
-        mine, other = heldout_correct(r, last), heldout_correct(theirs[r["seed"]], last_iteration([theirs[r["seed"]]]))
+        it = chosen_iteration(r) if chosen else last
+        control_it = it if chosen else last_iteration([theirs[r["seed"]]])
+        mine, other = heldout_correct(r, it), heldout_correct(theirs[r["seed"]], control_it)
         if mine is None or other is None:
             continue
         both = mine.index.intersection(other.index)
@@ -158,19 +175,24 @@ def control_table(groups: dict[str, list[dict]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def bar_row(arm: str, groups: dict[str, list[dict]]) -> list[str]:
+def bar_row(arm: str, groups: dict[str, list[dict]], chosen: bool = False) -> list[str]:
     """One arm against the bar a label-free gain must clear: over `BAR_SEEDS` seeds, above max(it0, floor)
     and above every control arm, each by a paired 95% interval whose low end is above 0 on every seed, and
-    no category below it0 beyond noise (a seed whose interval of the category's gain over it0 ends below 0)."""
+    no category below it0 beyond noise (a seed whose interval of the category's gain over it0 ends below 0).
+    At the last iteration, or (`chosen`) at the iteration the label-free choice keeps in each seed's run:
+    where that is it0 the run kept the base model: no gain over it0 (0, its low end 0), and under the floor
+    the base's own shortfall."""
     runs = groups[arm]
     last = last_iteration(runs)
+    at = {r["seed"]: chosen_iteration(r) if chosen else last for r in runs}
     seeds = [r["seed"] for r in runs]
-    counted = [counted_gain(r["metrics"].get("it0", {}), r["metrics"].get(last, {}), ALL) for r in runs]
+    counted = [counted_gain(r["metrics"].get("it0", {}), r["metrics"].get(at[r["seed"]], {}), ALL) for r in runs]
+    counted = [(0.0, 0.0) if c is None and at[r["seed"]] == "it0" else c for r, c in zip(runs, counted)]
     floor_lo = min((c[1] for c in counted if c is not None), default=None)
     floor_ok = floor_lo is not None and floor_lo > 0 and None not in counted
     worst_control, control_lo, controls_ok = "", None, True
     for control in CONTROLS:
-        paired = dict(paired_against(runs, groups.get(control, [])))
+        paired = dict(paired_against(runs, groups.get(control, []), chosen))
         if set(paired) != set(seeds):
             controls_ok = False  # a control not looped at one of the arm's seeds: the bar cannot be read
         for g in paired.values():
@@ -178,19 +200,21 @@ def bar_row(arm: str, groups: dict[str, list[dict]]) -> list[str]:
                 worst_control, control_lo = control, g["lo"]
     controls_ok = controls_ok and control_lo is not None and control_lo > 0
     losses = sorted({f"{cat} (s{r['seed']})" for r in runs for cat in categories([r])
-                     if (hi := r["metrics"].get(last, {}).get(_key("accuracy_gain_hi", cat))) is not None and hi < 0})
+                     if (hi := r["metrics"].get(at[r["seed"]], {}).get(_key("accuracy_gain_hi", cat))) is not None
+                     and hi < 0})
     met = len(set(seeds)) >= BAR_SEEDS and floor_ok and controls_ok and not losses
-    return [arm, str(len(seeds)), _mean_sd([c[0] for c in counted if c is not None], signed=True),
+    where = last if not chosen else ", ".join(f"s{s} {it}" for s, it in at.items())
+    return [arm, str(len(seeds)), where, _mean_sd([c[0] for c in counted if c is not None], signed=True),
             "" if floor_lo is None else f"{floor_lo:+.3f}",
             "" if control_lo is None else f"{control_lo:+.3f} ({worst_control})",
             ", ".join(losses) or "none", "oracle" if arm == ORACLE else ("yes" if met else "no")]
 
 
-def bar_table(groups: dict[str, list[dict]]) -> str:
-    head = ["arm", "seeds", "gain over max(it0, floor)", "lowest paired low end over it",
+def bar_table(groups: dict[str, list[dict]], chosen: bool = False) -> str:
+    head = ["arm", "seeds", "iteration", "gain over max(it0, floor)", "lowest paired low end over it",
             "lowest paired low end over a control arm", "categories below it0 beyond noise", "clears the bar"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(bar_row(arm, groups)) + " |" for arm in groups if arm not in CONTROLS]
+    lines += ["| " + " | ".join(bar_row(arm, groups, chosen)) + " |" for arm in groups if arm not in CONTROLS]
     return "\n".join(lines) + "\n"
 
 
@@ -212,11 +236,16 @@ def write(out: Path) -> None:
         + control_table(groups))
     (out / "bar.md").write_text(
         "# The bar a label-free gain must clear\n\n"
-        f"Each arm at its last iteration, over its seeds (generated by `python -m runners.arms`). It clears the bar "
+        f"Each arm over its seeds (generated by `python -m runners.arms`). It clears the bar "
         f"when, over at least {BAR_SEEDS} seeds, it lies above max(it0, floor) and above every control arm "
         f"({', '.join(CONTROLS)}) at the same seed, each by a paired 95% interval whose low end is above 0 on every "
         "seed, and no category ends below it0 by an interval (its gain's high end under 0). The oracle's row "
-        "(gold labels) says how far the loop reaches with right labels.\n\n" + bar_table(groups))
+        "(gold labels) says how far the loop reaches with right labels.\n\n"
+        "## At the last iteration\n\n" + bar_table(groups) + "\n"
+        "## At the iteration the label-free choice keeps\n\n"
+        "Per seed, the iteration the product's choice (self_improve/choice.py) recommends from the run's label-free "
+        "signals, the one a user exports; the controls at that same iteration. A seed kept at it0 gained nothing.\n\n"
+        + bar_table(groups, chosen=True))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,11 +14,12 @@ from self_improve import artifacts as art
 pytestmark = pytest.mark.unit
 
 
-def _kept(out, judge, seed, it0, it3, floor, correct3):
-    """A kept result: it0 and it3 metrics of two categories and its held-out answers at it3."""
+def _kept(out, judge, seed, it0, it3, floor, correct3, agreement=None):
+    """A kept result: it0 and it3 metrics of two categories and its held-out answers at it3; `agreement`:
+    the label-free signal at it0 and it3 (supported agreement) with its gain's low end at it3."""
     cats = ["add"] * 4 + ["mul"] * 4
     m0 = {"accuracy": it0, "floor": floor, "accuracy/add": it0, "accuracy/mul": it0,
-          "floor/add": 2 * floor, "floor/mul": 0.0}
+          "floor/add": 2 * floor, "floor/mul": 0.0, "floor_gain": it0 - floor, "floor_gain_lo": it0 - floor - 0.1}
     g = it3 - it0
     m3 = {"accuracy": it3, "accuracy/add": it3, "accuracy/mul": it3, "accuracy_gain": g, "accuracy_gain_lo": g - 0.1,
           "floor_gain": it3 - floor, "floor_gain_lo": it3 - floor - 0.1,
@@ -26,6 +27,9 @@ def _kept(out, judge, seed, it0, it3, floor, correct3):
              (("accuracy_gain", g), ("accuracy_gain_lo", g - 0.1))},
           "floor_gain/add": it3 - 2 * floor, "floor_gain_lo/add": it3 - 2 * floor - 0.1,
           "floor_gain/mul": it3, "floor_gain_lo/mul": it3 - 0.1}
+    if agreement is not None:
+        (a0, a3, lo) = agreement
+        m0["lf_supported_agreement"], m3["lf_supported_agreement"], m3["lf_supported_agreement_gain_lo"] = a0, a3, lo
     (out / f"{judge}-s{seed}.json").write_text(json.dumps({"judge": judge, "seed": seed,
                                                             "metrics": {"it0": m0, "it3": m3}}))
     rows = pd.DataFrame({"iteration": "it3", "set": "heldout", "prompt_id": [f"h{i}" for i in range(8)],
@@ -86,9 +90,11 @@ def test_results_kept_before_categories_write_no_table(tmp_path):
     assert not (tmp_path / "categories.md").exists()
 
 
-def _bar(tmp_path) -> dict[str, list[str]]:
+def _bar(tmp_path, chosen: bool = False) -> dict[str, list[str]]:
+    """bar.md's rows by arm: at the last iteration, or (`chosen`) at the iteration the choice keeps."""
     arms.write(tmp_path)
-    rows = [line for line in (tmp_path / "bar.md").read_text().splitlines() if line.startswith("| ") and "---" not in line]
+    last, _, at_chosen = (tmp_path / "bar.md").read_text().partition("## At the iteration the label-free choice keeps")
+    rows = [line for line in (at_chosen if chosen else last).splitlines() if line.startswith("| ") and "---" not in line]
     return {cells[0]: cells for cells in ([c.strip() for c in r.strip("|").split("|")] for r in rows[1:])}
 
 
@@ -99,7 +105,7 @@ def test_the_bar_needs_three_seeds_the_floor_and_every_control(tmp_path):
         for control in arms.CONTROLS:
             _kept(tmp_path, control, seed, it0=0.2, it3=0.0, floor=0.3, correct3=[0] * 8)
     bar = _bar(tmp_path)
-    assert bar["rule"][1:4] == ["3", "+0.200 +- 0.000", "+0.100"] and bar["rule"][5:] == ["none", "yes"]
+    assert bar["rule"][1:5] == ["3", "it3", "+0.200 +- 0.000", "+0.100"] and bar["rule"][6:] == ["none", "yes"]
     assert bar["verifier"][-1] == "oracle"  # gold labels are read beside the bar, never as a label-free result
     assert set(bar) == {"rule", "verifier"}  # a control arm is not held to the bar
 
@@ -120,4 +126,22 @@ def test_the_bar_is_missed_on_two_seeds_a_missing_control_or_a_lost_category(tmp
     r = json.loads(kept.read_text())
     r["metrics"]["it3"]["accuracy_gain_hi/mul"] = -0.05  # multiplication fell below it0 by an interval at seed 1
     kept.write_text(json.dumps(r))
-    assert _bar(tmp_path)["rule"][5:] == ["mul (s1)", "no"]
+    assert _bar(tmp_path)["rule"][6:] == ["mul (s1)", "no"]
+
+
+def test_the_bar_at_the_iteration_the_label_free_choice_keeps(tmp_path):
+    """The gain a user keeps is the one at the recommended iteration: a run whose signal rose is read at it3,
+    one whose signal never cleared the rule's minimum gain kept the base model, and no gain."""
+    for seed in (0, 1, 2):
+        _kept(tmp_path, "rule", seed, it0=0.2, it3=0.5, floor=0.3, correct3=[1, 1, 1, 1, 0, 0, 0, 0],
+              agreement=(0.3, 0.5, 0.1))
+        _kept(tmp_path, "flat", seed, it0=0.2, it3=0.5, floor=0.3, correct3=[1, 1, 1, 1, 0, 0, 0, 0],
+              agreement=(0.3, 0.31, -0.05 if seed == 1 else 0.1))
+        for control in arms.CONTROLS:
+            _kept(tmp_path, control, seed, it0=0.2, it3=0.0, floor=0.3, correct3=[0] * 8)
+    assert arms.chosen_iteration(json.loads((tmp_path / "rule-s0.json").read_text())) == "it3"
+    last, chosen = _bar(tmp_path), _bar(tmp_path, chosen=True)
+    assert last["flat"][-1] == "yes" and last["flat"][2] == "it3"
+    assert chosen["rule"][2:5] == ["s0 it3, s1 it3, s2 it3", "+0.200 +- 0.000", "+0.100"] and chosen["rule"][-1] == "yes"
+    # seed 1 kept it0, 0.1 under the floor 0.3 (low end -0.2); the controls' it0 answers were not kept
+    assert chosen["flat"][2] == "s0 it3, s1 it0, s2 it3" and chosen["flat"][4] == "-0.200" and chosen["flat"][-1] == "no"
