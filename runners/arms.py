@@ -179,6 +179,7 @@ def bar_row(arm: str, groups: dict[str, list[dict]], chosen: bool = False) -> li
     """One arm against the bar a label-free gain must clear: over `BAR_SEEDS` seeds, above max(it0, floor)
     and above every control arm, each by a paired 95% interval whose low end is above 0 on every seed, and
     no category below it0 beyond noise (a seed whose interval of the category's gain over it0 ends below 0).
+    A control not looped at one of the arm's seeds is named with those seeds: the bar cannot be read there.
     At the last iteration, or (`chosen`) at the iteration the label-free choice keeps in each seed's run:
     where that is it0 the run kept the base model: no gain over it0 (0, its low end 0), and under the floor
     the base's own shortfall."""
@@ -190,11 +191,12 @@ def bar_row(arm: str, groups: dict[str, list[dict]], chosen: bool = False) -> li
     counted = [(0.0, 0.0) if c is None and at[r["seed"]] == "it0" else c for r, c in zip(runs, counted)]
     floor_lo = min((c[1] for c in counted if c is not None), default=None)
     floor_ok = floor_lo is not None and floor_lo > 0 and None not in counted
-    worst_control, control_lo, controls_ok = "", None, True
+    worst_control, control_lo, controls_ok, missing = "", None, True, []
     for control in CONTROLS:
         paired = dict(paired_against(runs, groups.get(control, []), chosen))
         if set(paired) != set(seeds):
             controls_ok = False  # a control not looped at one of the arm's seeds: the bar cannot be read
+            missing.append(f"{control} ({', '.join(f's{s}' for s in sorted(set(seeds) - set(paired)))})")
         for g in paired.values():
             if control_lo is None or g["lo"] < control_lo:
                 worst_control, control_lo = control, g["lo"]
@@ -206,13 +208,14 @@ def bar_row(arm: str, groups: dict[str, list[dict]], chosen: bool = False) -> li
     where = last if not chosen else ", ".join(f"s{s} {it}" for s, it in at.items())
     return [arm, str(len(seeds)), where, _mean_sd([c[0] for c in counted if c is not None], signed=True),
             "" if floor_lo is None else f"{floor_lo:+.3f}",
-            "" if control_lo is None else f"{control_lo:+.3f} ({worst_control})",
+            "" if control_lo is None else f"{control_lo:+.3f} ({worst_control})", "; ".join(missing) or "none",
             ", ".join(losses) or "none", "oracle" if arm == ORACLE else ("yes" if met else "no")]
 
 
 def bar_table(groups: dict[str, list[dict]], chosen: bool = False) -> str:
     head = ["arm", "seeds", "iteration", "gain over max(it0, floor)", "lowest paired low end over it",
-            "lowest paired low end over a control arm", "categories below it0 beyond noise", "clears the bar"]
+            "lowest paired low end over a control arm", "controls not looped at a seed",
+            "categories below it0 beyond noise", "clears the bar"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(bar_row(arm, groups, chosen)) + " |" for arm in groups if arm not in CONTROLS]
     return "\n".join(lines) + "\n"

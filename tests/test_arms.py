@@ -105,7 +105,7 @@ def test_the_bar_needs_three_seeds_the_floor_and_every_control(tmp_path):
         for control in arms.CONTROLS:
             _kept(tmp_path, control, seed, it0=0.2, it3=0.0, floor=0.3, correct3=[0] * 8)
     bar = _bar(tmp_path)
-    assert bar["rule"][1:5] == ["3", "it3", "+0.200 +- 0.000", "+0.100"] and bar["rule"][6:] == ["none", "yes"]
+    assert bar["rule"][1:5] == ["3", "it3", "+0.200 +- 0.000", "+0.100"] and bar["rule"][6:] == ["none", "none", "yes"]
     assert bar["verifier"][-1] == "oracle"  # gold labels are read beside the bar, never as a label-free result
     assert set(bar) == {"rule", "verifier"}  # a control arm is not held to the bar
 
@@ -119,14 +119,15 @@ def test_the_bar_is_missed_on_two_seeds_a_missing_control_or_a_lost_category(tmp
     _kept(tmp_path, "rule", 2, it0=0.2, it3=0.5, floor=0.3, correct3=[1, 1, 1, 1, 0, 0, 0, 0])
     for control in ("random", "format", "validity_only"):
         _kept(tmp_path, control, 2, it0=0.2, it3=0.0, floor=0.3, correct3=[0] * 8)
-    assert _bar(tmp_path)["rule"][-1] == "no"  # majority_vote not looped at seed 2: the bar cannot be read there
+    bar = _bar(tmp_path)["rule"]
+    assert bar[-1] == "no" and bar[6] == "majority_vote (s2)"  # not looped at seed 2: the bar cannot be read there
     _kept(tmp_path, "majority_vote", 2, it0=0.2, it3=0.0, floor=0.3, correct3=[0] * 8)
     assert _bar(tmp_path)["rule"][-1] == "yes"
     kept = tmp_path / "rule-s1.json"
     r = json.loads(kept.read_text())
     r["metrics"]["it3"]["accuracy_gain_hi/mul"] = -0.05  # multiplication fell below it0 by an interval at seed 1
     kept.write_text(json.dumps(r))
-    assert _bar(tmp_path)["rule"][6:] == ["mul (s1)", "no"]
+    assert _bar(tmp_path)["rule"][6:] == ["none", "mul (s1)", "no"]
 
 
 def test_the_bar_at_the_iteration_the_label_free_choice_keeps(tmp_path):
