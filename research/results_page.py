@@ -188,11 +188,11 @@ STUDIES = (
         "Which iteration to keep, chosen without labels",
         "python -m research.choice_check",
         "research/results/choice_check.md", (),
-        "The rule picks within one standard error of the best iteration in 134 of the 152 kept runs that gained, "
-        "and below it0 beyond noise in 2 of 252. The second is the gym ladder's `format` control: without rewrites "
+        "The rule picks within one standard error of the best iteration in 139 of the 157 kept runs that gained, "
+        "and below it0 beyond noise in 2 of 257. The second is the gym ladder's `format` control: without rewrites "
         "the rule reads base support, a guard that a falling run can pass. Six-iteration `random` at seed 2 passes "
         "it too: kept it6 at 0.406, its best it2 at 0.447. Refitted with each recipe left out its recall falls to 89 "
-        "of 152; refitted without the gym recipe, it picks none of that recipe's 50 gains."),
+        "of 157; refitted without the gym recipe, it picks none of that recipe's 55 gains."),
     Study(
         "Choosing past the shortcut: the agreement on answers the task does not rule out",
         "python -m research.shortcut_choice research/results/smollm2_v3_long  # and smollm2_v3_arms",
