@@ -313,3 +313,31 @@ def test_a_loop_on_reasoning_gym_with_a_chat_model(tmp_path_factory, bpe_model_d
         assert m["accuracy"] == pytest.approx(held["correct"].astype(float).mean())
         assert list(held["correct"]) == [task.verify(p if isinstance(p, str) else None, a, cats[i])
                                          for p, a, i in zip(held["pred"], held["answer"], held["prompt_id"])]
+
+
+@pytest.mark.unit
+def test_fresh_draws_every_iteration_are_a_recipe():
+    """`smollm2-gym long fresh-mix`: sec steers the whole mix, the 128 test-time problems and 128 drawn
+    new from reasoning-gym each iteration, none a held-out or test-time question, other ones at it2."""
+    from self_improve import recipes
+    from self_improve.config import parse_params
+    from self_improve.curriculum import BanditState
+    from self_improve.tasks import ProposeInput
+
+    names = ["smollm2-gym", "long", "fresh-mix"]
+    raw = recipes.apply(yaml.safe_load((ROOT / "params.yaml").read_text()), recipes.load_all(names, ROOT))
+    params = parse_params(raw, " ".join(names))
+    assert (params.evolve.strategy.value, params.evolve.sec_scope.value, params.evolve.fresh) == ("sec", "mix", 128)
+    task = task_for(params.task)
+    sets = task.sets(0, params.prepare.train_size)
+    flat = BanditState(q={c: 0.0 for c in task.categories(sets)}, temperature=params.evolve.sec_temperature)
+
+    def posed(iteration, seed):
+        return task.propose(ProposeInput(params.evolve, iteration, seed, sets.ttt, sets.heldout, sets.ttt.iloc[:0],
+                                         curriculum=flat, rewrites=False))
+
+    it1, it2 = posed("it1", 1), posed("it2", 2)
+    fresh = it1[it1["source"] == "fresh"]
+    assert len(it1) == 256 and len(fresh) == 128 and it1["prompt"].is_unique
+    assert not {_key(p) for p in (*sets.heldout["prompt"], *sets.ttt["prompt"])} & {_key(p) for p in fresh["prompt"]}
+    assert set(fresh["prompt"]) != set(it2.loc[it2["source"] == "fresh", "prompt"])
