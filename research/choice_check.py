@@ -16,8 +16,8 @@ the gain with low end > 0; 2 s.e. of the difference where no interval was kept);
 is the share of those runs where it picks an iteration within one s.e. of the best (the best's
 binomial s.e.), and its *misses below it0* count picks below it0 beyond noise (high end < 0), over
 every run. The fit: every `choice.Rule` of the grid is scored on the target; the chosen one has at
-most `--max-below` picks below it0, then the highest recall, then the most cautious settings (higher
-minimum gains first). Leave one recipe out: for each recipe, the rule fitted on the other recipes'
+most `--max-below` picks below it0, and of those within one standard error of the highest recall
+(the one-standard-error rule: a run more or less is noise), the first in the grid's order. Leave one recipe out: for each recipe, the rule fitted on the other recipes'
 targets, scored on that recipe's held-out, so each recipe is scored by a rule that never saw it.
 The real-model loops `research.base_support` replayed with the base support are read with their
 replayed signals, and the kept word-problem runs with the base model's samples with their signals
@@ -107,15 +107,19 @@ def grid() -> list[Rule]:
 
 
 def fit(runs: list[tuple[str, list[dict]]], max_below: int) -> tuple[Rule, dict]:
-    """The rule of the grid with at most `max_below` picks below it0 on the target (test-time accuracy),
-    then the highest recall there, then the most cautious: the grid's order (higher gains, the veto on)."""
-    best = None
-    for rule in grid():
-        t = tally(runs, rule, "ttt_accuracy")
-        key = (t["below"] > max_below, -(0 if math.isnan(t["recall"]) else t["recall"]), t["below"])
-        if best is None or key < best[0]:
-            best = (key, rule, t)
-    return best[1], best[2]
+    """The first rule in the grid's order whose picks below it0 on the target (test-time accuracy) are at
+    most `max_below` and whose recall there lies within one standard error of the best such rule's: the
+    one-standard-error rule, so that one run more or less does not move the product's rule (a recall
+    of 139 against 138 of 153 is noise). None within `max_below`: the fewest below, then the recall."""
+    tallies = [(rule, tally(runs, rule, "ttt_accuracy")) for rule in grid()]
+    recall = {id(t): 0.0 if math.isnan(t["recall"]) else t["recall"] for _, t in tallies}
+    allowed = [(rule, t) for rule, t in tallies if t["below"] <= max_below]
+    if not allowed:
+        return min(tallies, key=lambda rt: (rt[1]["below"], -recall[id(rt[1])]))
+    best = max(allowed, key=lambda rt: recall[id(rt[1])])[1]
+    p, n = recall[id(best)], best["gained"]
+    se = math.sqrt(p * (1 - p) / n) if n else 0.0
+    return next((rule, t) for rule, t in allowed if recall[id(t)] >= recall[id(best)] - se)
 
 
 def stop_replay(runs: list[tuple[str, list[dict]]], patience: int, while_rising: bool = True) -> dict:
