@@ -17,8 +17,9 @@ is the share of those runs where it picks an iteration within one s.e. of the be
 binomial s.e.), and its *misses below it0* count picks below it0 beyond noise (high end < 0), over
 every run. The fit: every `choice.Rule` of the grid is scored on the target; the chosen one has at
 most `--max-below` picks below it0, and of those within one standard error of the highest recall
-(the one-standard-error rule: a run more or less is noise), the first in the grid's order. Leave one recipe out: for each recipe, the rule fitted on the other recipes'
-targets, scored on that recipe's held-out, so each recipe is scored by a rule that never saw it.
+(the one-standard-error rule: a run more or less is noise), the first in the grid's order. Leave one
+recipe out: for each recipe, the rule fitted on the other recipes' targets, scored on that recipe's
+held-out, so each recipe is scored by a rule that never saw it.
 The real-model loops `research.base_support` replayed with the base support are read with their
 replayed signals, and the kept word-problem runs with the base model's samples with their signals
 computed again with the answers the task rules out (research.shortcut_choice): what evaluate now
@@ -111,15 +112,16 @@ def fit(runs: list[tuple[str, list[dict]]], max_below: int) -> tuple[Rule, dict]
     most `max_below` and whose recall there lies within one standard error of the best such rule's: the
     one-standard-error rule, so that one run more or less does not move the product's rule (a recall
     of 139 against 138 of 153 is noise). None within `max_below`: the fewest below, then the recall."""
+    def recall(t: dict) -> float:
+        return 0.0 if math.isnan(t["recall"]) else t["recall"]
+
     tallies = [(rule, tally(runs, rule, "ttt_accuracy")) for rule in grid()]
-    recall = {id(t): 0.0 if math.isnan(t["recall"]) else t["recall"] for _, t in tallies}
     allowed = [(rule, t) for rule, t in tallies if t["below"] <= max_below]
     if not allowed:
-        return min(tallies, key=lambda rt: (rt[1]["below"], -recall[id(rt[1])]))
-    best = max(allowed, key=lambda rt: recall[id(rt[1])])[1]
-    p, n = recall[id(best)], best["gained"]
-    se = math.sqrt(p * (1 - p) / n) if n else 0.0
-    return next((rule, t) for rule, t in allowed if recall[id(t)] >= recall[id(best)] - se)
+        return min(tallies, key=lambda rt: (rt[1]["below"], -recall(rt[1])))
+    best = max(allowed, key=lambda rt: recall(rt[1]))[1]
+    se = math.sqrt(recall(best) * (1 - recall(best)) / best["gained"]) if best["gained"] else 0.0
+    return next((rule, t) for rule, t in allowed if recall(t) >= recall(best) - se)
 
 
 def stop_replay(runs: list[tuple[str, list[dict]]], patience: int, while_rising: bool = True) -> dict:
