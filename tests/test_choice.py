@@ -262,3 +262,26 @@ def test_near_best_takes_the_latest_candidate_whose_agreement_has_not_fallen_bey
     assert recommend(h, dataclasses.replace(near, shortcut=False))["iteration"] == "it6"  # the sum agrees too
     wobble = h[:4] + [row("it4", 0.25, 0.10, 0.30)]
     assert recommend(wobble, near)["iteration"] == "it4"  # 0.25 is within 0.04 of 0.28
+
+
+def test_the_fit_takes_the_first_rule_within_one_standard_error_of_the_best_recall(monkeypatch):
+    """choice_check's fit: of the rules with at most max_below picks below it0 on the target, the first in
+    the grid's order whose recall is within one binomial s.e. of the best; a run more is not a new rule."""
+    import research.choice_check as cc
+
+    rules = [Rule(0.05), Rule(0.02), Rule(0.0)]
+    tallies = {}
+
+    def tally(runs, rule, key):
+        within, below = tallies[rule.min_agreement_gain]
+        return {"gained": 153, "within": within, "recall": within / 153, "below": below}
+
+    monkeypatch.setattr(cc, "grid", lambda: rules)
+    monkeypatch.setattr(cc, "tally", tally)
+    tallies.update({0.05: (138, 0), 0.02: (139, 0), 0.0: (150, 2)})  # s.e. of 139/153: 3.6 runs
+    assert cc.fit([], max_below=0)[0] == rules[0]
+    tallies[0.05] = (130, 0)  # beyond one s.e. of the best allowed: the best
+    assert cc.fit([], max_below=0)[0] == rules[1]
+    assert cc.fit([], max_below=2)[0] == rules[2]  # the third allowed, and best by far
+    tallies.update({0.05: (140, 3), 0.02: (145, 1)})  # none allowed: the fewest below
+    assert cc.fit([], max_below=0)[0] == rules[1]
