@@ -7,7 +7,8 @@ is more than a shortcut.
 accuracy (mean +- sd over seeds), the shortcut floor (the best policy that reads only the question,
 self_improve/floors.py), the gain that counts (over max(it0, floor), per seed against whichever is
 higher) with the lowest low end of its per-seed paired 95% intervals, and the gain over it0.
-`controls.md`: each arm against each control arm (random, format, validity_only), the vote
+`controls.md`: each arm against each control arm (random, format, validity_only; the one looped under the
+arm's task and evolve settings, as its curriculum, where there is one), the vote
 (majority_vote) and the kept rules it extends (scpo for scpo+validity_any; the untagged rule for a tagged
 run such as sec-scpo) at the same seed, and each label-free arm against the oracle (verifier: how far
 gold labels take the same loop), problem by problem on the held-out set at the last iteration (a paired bootstrap over the problems of each seed: the mean difference and each seed's interval).
@@ -26,6 +27,7 @@ import statistics
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 from self_improve import artifacts as art
 from self_improve.choice import recommend
@@ -48,6 +50,40 @@ def load(out: Path) -> dict[str, list[dict]]:
                 r["answers_path"] = answers
         groups.setdefault(name, []).append(r)
     return {k: sorted(v, key=lambda r: r["seed"]) for k, v in sorted(groups.items())}
+
+
+def draws(run: dict) -> tuple | None:
+    """What decides the problems a kept run trains and is tested on: its `task.*` and `evolve.*` settings (the
+    last value of each, as the runner applies them; a curriculum's fresh draws among them), or None for a run
+    kept before results recorded their settings."""
+    if not run.get("args"):
+        return None
+    settings = {}
+    for a in run["args"]:
+        key, eq, value = a.partition("=")
+        if eq and key.lstrip("+").startswith(("task.", "evolve.")):  # a value read as the runner reads it, key order aside
+            settings[key.lstrip("+")] = json.dumps(yaml.safe_load(value), sort_keys=True, default=str)
+    return tuple(sorted(settings.items()))
+
+
+def is_control(name: str, groups: dict[str, list[dict]]) -> bool:
+    """A control arm, under the recipe's settings (`random`) or tagged (`mix128-random`: under other settings)."""
+    return name in CONTROLS or any(r.get("judge") in CONTROLS for r in groups.get(name, []))
+
+
+def controls_for(arm: str, groups: dict[str, list[dict]]) -> list[tuple[str, str, bool]]:
+    """Per control arm, the kept group `arm` is read against, and whether it ran under the arm's task and evolve
+    settings (the same task, curriculum and fresh draws, the judgment replaced): the one that did where it was
+    looped, else the control under the recipe's own settings, flagged. A control never looped is left out."""
+    mine, out = draws(groups[arm][0]), []
+    for control in CONTROLS:
+        kept = [g for g, runs in groups.items() if g == control or (g.endswith(f"-{control}") and runs[0].get("judge") == control)]
+        same = [g for g in kept if draws(groups[g][0]) == mine]
+        if same:
+            out.append((control, control if control in same else same[0], True))
+        elif control in groups:
+            out.append((control, control, False))
+    return out
 
 
 def last_iteration(runs: list[dict]) -> str:
@@ -163,21 +199,22 @@ def control_table(groups: dict[str, list[dict]]) -> str:
     head = ["arm", "against", "seeds", "difference at the last iteration", "per-seed paired 95% intervals"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm, runs in groups.items():
-        if arm in CONTROLS:
+        if is_control(arm, groups):
             continue
         oracle = (ORACLE,) if arm != ORACLE else ()
-        for control in (*CONTROLS, *extended(arm, groups), *oracle):
+        against = [(g, "" if same else " (other settings)") for _, g, same in controls_for(arm, groups)]
+        for control, note in (*against, *((g, "") for g in (*extended(arm, groups), *oracle))):
             paired = paired_against(runs, groups.get(control, []))
             if paired:
                 cis = "; ".join(f"s{s} [{g['lo']:+.3f}, {g['hi']:+.3f}]" for s, g in paired)
-                lines.append(f"| {arm} | {control} | {len(paired)} | "
+                lines.append(f"| {arm} | {control}{note} | {len(paired)} | "
                              f"{_mean_sd([g['gain'] for _, g in paired], signed=True)} | {cis} |")
     return "\n".join(lines) + "\n"
 
 
 def bar_row(arm: str, groups: dict[str, list[dict]], chosen: bool = False) -> list[str]:
     """One arm against the bar a label-free gain must clear: over `BAR_SEEDS` seeds, above max(it0, floor)
-    and above every control arm, each by a paired 95% interval whose low end is above 0 on every seed, and
+    and above every control arm looped under its settings (`controls_for`), each by a paired 95% interval whose low end is above 0 on every seed, and
     no category below it0 beyond noise (a seed whose interval of the category's gain over it0 ends below 0).
     A control not looped at one of the arm's seeds is named with those seeds: the bar cannot be read there.
     At the last iteration, or (`chosen`) at the iteration the label-free choice keeps in each seed's run:
@@ -192,14 +229,15 @@ def bar_row(arm: str, groups: dict[str, list[dict]], chosen: bool = False) -> li
     floor_lo = min((c[1] for c in counted if c is not None), default=None)
     floor_ok = floor_lo is not None and floor_lo > 0 and None not in counted
     worst_control, control_lo, controls_ok, missing = "", None, True, []
+    matched = {control: group for control, group, same in controls_for(arm, groups) if same}
     for control in CONTROLS:
-        paired = dict(paired_against(runs, groups.get(control, []), chosen))
+        paired = dict(paired_against(runs, groups.get(matched.get(control, ""), []), chosen))
         if set(paired) != set(seeds):
-            controls_ok = False  # a control not looped at one of the arm's seeds: the bar cannot be read
+            controls_ok = False  # a control not looped under the arm's settings at one of its seeds: the bar cannot be read
             missing.append(f"{control} ({', '.join(f's{s}' for s in sorted(set(seeds) - set(paired)))})")
         for g in paired.values():
             if control_lo is None or g["lo"] < control_lo:
-                worst_control, control_lo = control, g["lo"]
+                worst_control, control_lo = matched[control], g["lo"]
     controls_ok = controls_ok and control_lo is not None and control_lo > 0
     losses = sorted({f"{cat} (s{r['seed']})" for r in runs for cat in categories([r])
                      if (hi := r["metrics"].get(at[r["seed"]], {}).get(_key("accuracy_gain_hi", cat))) is not None
@@ -214,10 +252,10 @@ def bar_row(arm: str, groups: dict[str, list[dict]], chosen: bool = False) -> li
 
 def bar_table(groups: dict[str, list[dict]], chosen: bool = False) -> str:
     head = ["arm", "seeds", "iteration", "gain over max(it0, floor)", "lowest paired low end over it",
-            "lowest paired low end over a control arm", "controls not looped at a seed",
+            "lowest paired low end over a control arm", "controls not looped under its settings at a seed",
             "categories below it0 beyond noise", "clears the bar"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(bar_row(arm, groups, chosen)) + " |" for arm in groups if arm not in CONTROLS]
+    lines += ["| " + " | ".join(bar_row(arm, groups, chosen)) + " |" for arm in groups if not is_control(arm, groups)]
     return "\n".join(lines) + "\n"
 
 
@@ -234,15 +272,18 @@ def write(out: Path) -> None:
     (out / "controls.md").write_text(
         "# Each arm against the control arms, problem by problem\n\n"
         "Held-out accuracy at the last iteration minus the control's (a control arm, the vote, a kept rule the arm "
-        "extends, or the oracle's gold labels) at the same seed (the same problems), "
+        "extends, or the oracle's gold labels) at the same seed (the same held-out problems; a control marked (other "
+        "settings) trained under other task or evolve settings than the arm's, as a fixed mix beside a curriculum), "
         "mean +- sd over seeds, with each seed's paired bootstrap 95% interval (generated by `python -m runners.arms`).\n\n"
         + control_table(groups))
     (out / "bar.md").write_text(
         "# The bar a label-free gain must clear\n\n"
         f"Each arm over its seeds (generated by `python -m runners.arms`). It clears the bar "
         f"when, over at least {BAR_SEEDS} seeds, it lies above max(it0, floor) and above every control arm "
-        f"({', '.join(CONTROLS)}) at the same seed, each by a paired 95% interval whose low end is above 0 on every "
-        "seed, and no category ends below it0 by an interval (its gain's high end under 0). The oracle's row "
+        f"({', '.join(CONTROLS)}) at the same seed, each by a paired 95% interval whose low end is above 0 on every seed, "
+        "and no category ends below it0 by an interval (its gain's high end under 0). The controls read here ran "
+        "under the arm's task and evolve settings (its curriculum and fresh draws; controls.md marks a control under "
+        "other settings, never read toward the bar). The oracle's row "
         "(gold labels) says how far the loop reaches with right labels.\n\n"
         "## At the last iteration\n\n" + bar_table(groups) + "\n"
         "## At the iteration the label-free choice keeps\n\n"

@@ -146,3 +146,36 @@ def test_the_bar_at_the_iteration_the_label_free_choice_keeps(tmp_path):
     assert chosen["rule"][2:5] == ["s0 it3, s1 it3, s2 it3", "+0.200 +- 0.000", "+0.100"] and chosen["rule"][-1] == "yes"
     # seed 1 kept it0, 0.1 under the floor 0.3 (low end -0.2); the controls' it0 answers were not kept
     assert chosen["flat"][2] == "s0 it3, s1 it0, s2 it3" and chosen["flat"][4] == "-0.200" and chosen["flat"][-1] == "no"
+
+
+def _settings(out, name, judge, tag, seed, fresh):
+    """Give a kept result the settings it ran with (a curriculum drawing `fresh` problems when set)."""
+    kept = out / f"{name}-s{seed}.json"
+    r = json.loads(kept.read_text())
+    extra = ["-S", "evolve.strategy=sec", "-S", f"evolve.fresh={fresh}"] if fresh else []
+    r.update(judge=judge, tag=tag, args=["-S", "evolve.strategy=fixed", "-S", "evolve.fresh=8", *extra, "-S", "train.epochs=1",
+                                         "-S", f"seed={seed}"])
+    kept.write_text(json.dumps(r))
+
+
+def test_the_bar_reads_controls_on_the_arms_own_problems(tmp_path):
+    """A rule trained on a curriculum's fresh draws is held to controls looped under the same curriculum:
+    controls under the recipe's fixed problems are shown in controls.md, marked, and never read toward the bar."""
+    for seed in (0, 1, 2):
+        _kept(tmp_path, "mix-rule", seed, it0=0.2, it3=0.5, floor=0.3, correct3=[1, 1, 1, 1, 0, 0, 0, 0])
+        _settings(tmp_path, "mix-rule", "rule", "mix", seed, fresh=128)
+        for control in arms.CONTROLS:
+            _kept(tmp_path, control, seed, it0=0.2, it3=0.0, floor=0.3, correct3=[0] * 8)
+            _settings(tmp_path, control, control, None, seed, fresh=None)
+    bar = _bar(tmp_path)
+    assert bar["mix-rule"][-1] == "no" and bar["mix-rule"][6] == "; ".join(f"{c} (s0, s1, s2)" for c in arms.CONTROLS)
+    assert "| mix-rule | random (other settings) | 3 |" in (tmp_path / "controls.md").read_text()
+    for seed in (0, 1, 2):
+        for control in arms.CONTROLS:
+            _kept(tmp_path, f"mix-{control}", seed, it0=0.2, it3=0.125, floor=0.3, correct3=[1] + [0] * 7)
+            _settings(tmp_path, f"mix-{control}", control, "mix", seed, fresh=128)
+    bar = _bar(tmp_path)
+    assert set(bar) == {"mix-rule"}  # a tagged control is a control, not an arm held to the bar
+    assert bar["mix-rule"][6:] == ["none", "none", "yes"] and "(mix-" in bar["mix-rule"][5]
+    controls = (tmp_path / "controls.md").read_text()
+    assert "| mix-rule | mix-random | 3 |" in controls and "(other settings) |" not in controls
