@@ -39,8 +39,10 @@ names), and what it shows. Words claim only what exceeds the spread: mean +- sd 
 each seed's paired 95% interval problem by problem. On the real model a gain counts over the
 *floor*, the best policy that reads only the question (on word problems the sum of its numbers),
 and over the *control arms*, which train on preferences that carry no judgment (random, format,
-the validity check alone, the plain vote). The story of how each study was run is
-[research/LOG.md](../research/LOG.md).
+the validity check alone, the plain vote). A control counts toward an arm's bar (bar.md, `python -m
+runners.arms DIR`) only when it ran under the arm's task and evolve settings: for an arm under a
+curriculum, the control with the same `-S evolve.*` and a tag of its own. The story of how each study
+was run is [research/LOG.md](../research/LOG.md).
 """
 
 STUDIES = (
