@@ -205,11 +205,11 @@ STUDIES = (
         "Which iteration to keep, chosen without labels",
         "python -m research.choice_check",
         "research/results/choice_check.md", (),
-        "The rule picks within one standard error of the best iteration in 141 of the 160 kept runs that gained, "
-        "and below it0 beyond noise in 2 of 262. The second is the gym ladder's `format` control: without rewrites "
+        "The rule picks within one standard error of the best iteration in 143 of the 162 kept runs that gained, "
+        "and below it0 beyond noise in 2 of 264. The second is the gym ladder's `format` control: without rewrites "
         "the rule reads base support, a guard that a falling run can pass. Six-iteration `random` at seed 2 passes "
         "it too: kept it6 at 0.406, its best it2 at 0.447. Refitted with each recipe left out its recall falls to 89 "
-        "of 160; refitted without the gym recipe, it picks none of that recipe's 58 gains."),
+        "of 162; refitted without the gym recipe, it picks none of that recipe's 60 gains."),
     Study(
         "Choosing past the shortcut: the agreement on answers the task does not rule out",
         "python -m research.shortcut_choice research/results/smollm2_v3_long  # and smollm2_v3_arms",
