@@ -1,6 +1,8 @@
 """The reasoning_gym task: reasoning-gym's datasets graded by their own scorers, sets disjoint and
 seeded, bad datasets refused before any stage runs, and a loop on a chat model."""
 
+import re
+
 import pytest
 import yaml
 
@@ -341,3 +343,24 @@ def test_fresh_draws_every_iteration_are_a_recipe():
     assert len(it1) == 256 and len(fresh) == 128 and it1["prompt"].is_unique
     assert not {_key(p) for p in (*sets.heldout["prompt"], *sets.ttt["prompt"])} & {_key(p) for p in fresh["prompt"]}
     assert set(fresh["prompt"]) != set(it2.loc[it2["source"] == "fresh", "prompt"])
+
+
+def test_a_second_wording_of_each_arithmetic_problem_for_the_views_study():
+    """research/gym_views.py: the other template, operands reversed where the operation commutes, read by
+    the evaluate stage's rewrites (evaluation.rewritten) exactly as a task with rewrites is read."""
+    from research.gym_views import WithViews, view
+    from self_improve.evaluation import rewritten
+
+    assert view("Calculate 4 * 7.") == "State the final answer to the following arithmetic problem: 7 * 4 ="
+    assert view("State the final answer to the following arithmetic problem: 87 - 80 =") == "Calculate 87 - 80."
+    assert view("State the final answer to the following arithmetic problem: 1 + 4 + 9 =") == "Calculate 9 + 4 + 1."
+    assert view("Calculate 2 - 3 * 4.") == "State the final answer to the following arithmetic problem: 2 - 3 * 4 ="
+    assert view("What is 3 + 4?") is None
+    task = _task(datasets=DATASETS[:2])  # chain_sum: every question one expression
+    ttt = task.sets(0, 10).ttt
+    views = rewritten(WithViews(task), ttt, 0)
+    assert list(views["prompt_id"]) == list(ttt["prompt_id"]) and not set(views["prompt"]) & set(ttt["prompt"])
+    for posed, other in zip(ttt["prompt"], views["prompt"]):
+        assert other.endswith("\nAnswer with the final number only.")
+        assert sorted(re.findall(r"\d+", posed)) == sorted(re.findall(r"\d+", other))  # the same numbers
+        assert task.question(posed).startswith("Calculate") != task.question(other).startswith("Calculate")
