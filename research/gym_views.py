@@ -24,14 +24,15 @@ import argparse
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 
 from self_improve import choice
 from self_improve.config import load_params
 from self_improve.engines.ct2 import CT2Sampler
-from self_improve.quality import binomial_se
 from self_improve.evaluation import model_metrics
+from self_improve.quality import binomial_se
 from self_improve.stage import derive_seed
 from self_improve.tasks import answer_stop, task_for
 
@@ -71,7 +72,7 @@ class WithViews:
         return q
 
     def rewrites(self, problem: str, n: int, rng, forbidden: set) -> list:
-        return [type("View", (), {"prompt": self.task.show(problem)})()][:n]
+        return [SimpleNamespace(prompt=self.task.show(problem))][:n]
 
 
 def answers_with_views(workdir: Path, iteration: str, base: bool) -> pd.DataFrame:
