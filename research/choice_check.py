@@ -48,6 +48,7 @@ from self_improve.stopping import decide
 AGREEMENT_GAINS = (0.0, 0.02, 0.03, 0.05, 0.08, 0.10)
 SUPPORT_GAINS = (None, 0.02, 0.0, -0.02, -0.05, -0.10, -0.15, -0.20)  # cautious first
 # a result's recipe, from the folder it was kept in: the unit left out
+REPLAYED = "research/results/base_support_smollm2.json"  # research.base_support's replay of real-model loops
 RECIPES = (("smollm2_gym", "SmolLM2 reasoning-gym"), ("smollm2_v3", "SmolLM2 V3"), ("smollm2_v2", "SmolLM2 V2"),
            ("smollm2", "SmolLM2 V1"), ("engine_loop", "SmolLM2 V1"), ("", "tiny arithmetic"))
 
@@ -91,9 +92,11 @@ def score(rows: list[dict], it: str, key: str) -> dict:
             "below": below, "picked": chosen[key], "best_value": best[key]}
 
 
-def tally(runs: list[tuple[str, list[dict]]], rule: Rule, key: str) -> dict:
-    """Recall and misses below it0 of `rule` over `runs` on truth `key`."""
-    scores = [score(rows, recommend(rows, rule)["iteration"], key) for _, rows in runs]
+def tally(runs: list[tuple[str, list[dict]]], rule: Rule, key: str, choose=None) -> dict:
+    """Recall and misses below it0 of `rule` over `runs` on truth `key`; `choose(rows, rule)`, the iteration
+    picked, in place of `recommend`'s (a variant of the rule, research.choice_invalid_drop)."""
+    choose = choose or (lambda rows, r: recommend(rows, r)["iteration"])
+    scores = [score(rows, choose(rows, rule), key) for _, rows in runs]
     gained = [s for s in scores if s["gained"]]
     within = sum(s["within"] for s in gained)
     return {"runs": len(scores), "gained": len(gained), "within": within,
@@ -222,13 +225,10 @@ def _counts(t: dict) -> str:
             f"it0 beyond noise")
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="research/results/choice_check.md")
-    ap.add_argument("--replayed", default="research/results/base_support_smollm2.json",
-                    help="research.base_support's JSON: real-model loops replayed with the base support")
-    ap.add_argument("--max-below", type=int, default=0, help="picks below it0 the fit allows on its target")
-    args = ap.parse_args(argv)
+def load_runs(replayed_json: str = REPLAYED) -> tuple[list[tuple[str, list[dict]]], set[str]]:
+    """Every kept run with an it0 and both accuracies' s.e.: (name, per-iteration rows), the label-free
+    signals replayed where `research.base_support` (`replayed_json`) or `research.shortcut_choice` computed
+    them again; and the names read with `research.base_support`'s replay."""
     kept: dict[str, list[dict]] = {}
     for name, result in kept_runs():
         rows = history(result)
@@ -236,9 +236,19 @@ def main(argv: list[str] | None = None) -> None:
             continue
         if _with_se(rows, "accuracy") and _with_se(rows, "ttt_accuracy"):
             kept[name] = rows
-    again = dict(replayed(ROOT / args.replayed, kept))
+    again = dict(replayed(ROOT / replayed_json, kept))
     clean = shortcut_replayed(kept)
-    runs = [(name, clean.get(name, again.get(name, rows))) for name, rows in kept.items()]
+    return [(name, clean.get(name, again.get(name, rows))) for name, rows in kept.items()], set(again)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="research/results/choice_check.md")
+    ap.add_argument("--replayed", default=REPLAYED,
+                    help="research.base_support's JSON: real-model loops replayed with the base support")
+    ap.add_argument("--max-below", type=int, default=0, help="picks below it0 the fit allows on its target")
+    args = ap.parse_args(argv)
+    runs, again = load_runs(args.replayed)
     recipes = sorted({recipe_of(n) for n, _ in runs})
 
     fitted, on_target = fit(runs, args.max_below)

@@ -211,6 +211,14 @@ STUDIES = (
         "it too: kept it6 at 0.406, its best it2 at 0.447. Refitted with each recipe left out its recall falls to 89 "
         "of 162; refitted without the gym recipe, it picks none of that recipe's 60 gains."),
     Study(
+        "An invalid-share drop as a second way into the choice",
+        "python -m research.choice_invalid_drop",
+        "research/results/choice_invalid_drop.md", (),
+        "Also taking an iteration whose invalid share fell beyond noise, its signal held, lifts held-out recall to "
+        "146 of 162, but picks below it0 rise from 2 to 6: the gym's `validity_only` loops answer validly and "
+        "wrongly. On the target the fit reads, it ties the product's rule within one standard error, so the "
+        "product keeps its rule."),
+    Study(
         "A second wording of each gym problem for the choice (eight six-iteration runs)",
         "python -m research.gym_views /tmp/loops75/smol-long-nft1-mix128-scpo-validity_any-category_gate-s0 --finished "
         "research/results/smollm2_gym_long/long-nft1-mix128-scpo-validity_any-category_gate-s0.json --out "

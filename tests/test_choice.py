@@ -285,3 +285,18 @@ def test_the_fit_takes_the_first_rule_within_one_standard_error_of_the_best_reca
     assert cc.fit([], max_below=2)[0] == rules[2]  # the third allowed, and best by far
     tallies.update({0.05: (140, 3), 0.02: (145, 1)})  # none allowed: the fewest below
     assert cc.fit([], max_below=0)[0] == rules[1]
+
+
+def test_the_invalid_drop_variant_takes_an_iteration_answering_validly_more_with_its_signal_held():
+    from research.choice_invalid_drop import choose
+    base = {"iteration": "it0", "lf_agreement": 0.4, "lf_distinct": 0.5, "lf_mode_share": 0.03}
+    valid = {**_row("it1", 0.41, -0.05), "lf_agreement_gain_hi": 0.07, "lf_invalid_share_gain_hi": -0.2}
+    fell = {**_row("it2", 0.30, -0.2), "lf_agreement_gain_hi": -0.01, "lf_invalid_share_gain_hi": -0.3}
+    assert recommend([base, valid, fell], RULE)["iteration"] == "it0"  # no agreement rise beyond noise
+    assert choose([base, valid, fell], RULE, "every run") == "it1"  # it2's agreement fell beyond noise
+    vetoed = {**valid, "lf_restate_share_gain_lo": 0.05}  # answers restating the question's numbers rose
+    assert choose([base, vetoed], RULE, "every run") == "it0"
+    gym = [{"iteration": "it0", "lf_base_support": 0.6, "lf_distinct": 0.4, "lf_mode_share": 0.2},
+           {"iteration": "it1", "lf_base_support": 0.5, "lf_base_support_gain_lo": -0.2, "lf_base_support_gain_hi": 0.01,
+            "lf_invalid_share_gain_hi": -0.2, "lf_distinct": 0.4, "lf_mode_share": 0.2}]
+    assert choose(gym, RULE, "every run") == "it1" and choose(gym, RULE, "agreement only") == "it0"
