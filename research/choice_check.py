@@ -40,7 +40,7 @@ import pandas as pd
 from research.alarm_check import KEPT, ROOT, history, runs as kept_runs
 from research.shortcut_choice import replay as shortcut_replay
 from self_improve.config import ConfigError
-from self_improve.choice import PICKS, RULE, Rule, recommend, unsupported_agreement
+from self_improve.choice import PICKS, RULE, Rule, recommend, signal_of, unsupported_agreement
 from self_improve.config import StopConfig
 from self_improve.stopping import decide
 
@@ -287,6 +287,16 @@ def main(argv: list[str] | None = None) -> None:
     for recipe, rule, t in per_recipe:
         rec = "n/a" if not t["gained"] else f"{t['within']}/{t['gained']} ({100 * t['recall']:.0f}%)"
         lines.append(f"| {recipe} | {_rule_words(rule)} | {t['runs']} | {rec} | {t['below']} |")
+    support = sorted({recipe_of(n) for n, rows in runs if signal_of(rows[0], RULE.shortcut)[0] == "lf_base_support"})
+    if len(support) == 1:
+        lines += ["", f"Only the {support[0]} runs read base support (their task poses no rewrites, so no agreement): "
+                  "with that recipe left out no run exercises `min_support_gain`, and the fit keeps the grid's first, "
+                  "cautious value (none: such a run keeps it0)."]
+        rest = [t for recipe, _, t in per_recipe if recipe != support[0]]
+        within, gained = sum(t["within"] for t in rest), sum(t["gained"] for t in rest)
+        if gained:
+            lines[-1] += (f" Over the other recipes, each left out in turn, the refitted rule's recall is "
+                          f"{within}/{gained} ({100 * within / gained:.0f}%), {sum(t['below'] for t in rest)} picks below it0.")
     lines += ["", "## The early stop replayed", "",
               "Where `stop` (self_improve/stopping.py) would have stopped each kept run, reading the metrics known "
               "before each iteration, and the runs whose best held-out iteration came after the stop, above every "
