@@ -47,8 +47,8 @@ from self_improve.stopping import decide
 # the grid the settings are fitted over
 AGREEMENT_GAINS = (0.0, 0.02, 0.03, 0.05, 0.08, 0.10)
 SUPPORT_GAINS = (None, 0.02, 0.0, -0.02, -0.05, -0.10, -0.15, -0.20)  # cautious first
-# a result's recipe, from the folder it was kept in: the unit left out
 REPLAYED = "research/results/base_support_smollm2.json"  # research.base_support's replay of real-model loops
+# a result's recipe, from the folder it was kept in: the unit left out
 RECIPES = (("smollm2_gym", "SmolLM2 reasoning-gym"), ("smollm2_v3", "SmolLM2 V3"), ("smollm2_v2", "SmolLM2 V2"),
            ("smollm2", "SmolLM2 V1"), ("engine_loop", "SmolLM2 V1"), ("", "tiny arithmetic"))
 
