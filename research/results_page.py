@@ -134,8 +134,9 @@ STUDIES = (
         "it at it6 on every seed (+0.135 +- 0.027, lowest low end +0.088). `format` there (seeds 0-2) learns "
         "the format at it1 and then finds 0-3 pairs an iteration; the rule ends above it at it6 on every seed, +0.165 "
         "+- 0.074 (lowest low end +0.084). `validity_only` there (seed 0 so far) fires the alarm and stops after it3 at 0.252, "
-        "under it0; the rule ends above it by s0 [+0.246, +0.328]. Its seeds 1-2 and the plain vote are still to run "
-        "there, so neither arm clears the bar. Gold labels (seeds 0 and 1) end level with the fresh-draw rule (+0.008 "
+        "under it0; the rule ends above it by s0 [+0.246, +0.328]. The plain vote there (seed 0 so far) gains at it1 "
+        "(0.311 -> 0.498) and holds (0.488 at it6); the rule ends above it by s0 [+0.025, +0.076]. Seeds 1-2 of both "
+        "are still to run there, so neither arm clears the bar. Gold labels (seeds 0 and 1) end level with the fresh-draw rule (+0.008 "
         "+- 0.014 in controls.md).", table=1),
     Study(
         "Six iterations on V3: the gated rule at the iteration its choice keeps, before its controls",
@@ -209,11 +210,11 @@ STUDIES = (
         "Which iteration to keep, chosen without labels",
         "python -m research.choice_check",
         "research/results/choice_check.md", (),
-        "The rule picks within one standard error of the best iteration in 146 of the 166 kept runs that gained, "
-        "and below it0 beyond noise in 2 of 269. The second is the gym ladder's `format` control: without rewrites "
+        "The rule picks within one standard error of the best iteration in 147 of the 167 kept runs that gained, "
+        "and below it0 beyond noise in 2 of 270. The second is the gym ladder's `format` control: without rewrites "
         "the rule reads base support, a guard that a falling run can pass. Six-iteration `random` at seed 2 passes "
         "it too, on the fixed problems and on fresh draws: kept it6 at 0.406 and 0.375, its best 0.447 and 0.453. Refitted with each recipe left out its recall falls to 89 "
-        "of 166; refitted without the gym recipe, it picks none of that recipe's 64 gains. The gym alone reads base "
+        "of 167; refitted without the gym recipe, it picks none of that recipe's 65 gains. The gym alone reads base "
         "support, so without it nothing fits that setting; over the other recipes, each left out in turn, it keeps "
         "89 of 102."),
     Study(
@@ -221,7 +222,7 @@ STUDIES = (
         "python -m research.choice_invalid_drop",
         "research/results/choice_invalid_drop.md", (),
         "Also taking an iteration whose invalid share fell beyond noise, its signal held, lifts held-out recall to "
-        "148 of 166, but picks below it0 rise from 2 to 7: the gym's `validity_only` loops answer validly and "
+        "149 of 167, but picks below it0 rise from 2 to 7: the gym's `validity_only` loops answer validly and "
         "wrongly. On the target the fit reads, it ties the product's rule within one standard error, so the "
         "product keeps its rule."),
     Study(
