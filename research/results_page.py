@@ -133,10 +133,10 @@ STUDIES = (
         "Under the fresh-draw settings, `random` (seeds 0-2) ends under the floor (-0.044 +- 0.033) and the rule above "
         "it at it6 on every seed (+0.135 +- 0.027, lowest low end +0.088). `format` there (seeds 0-2) learns "
         "the format at it1 and then finds 0-3 pairs an iteration; the rule ends above it at it6 on every seed, +0.165 "
-        "+- 0.074 (lowest low end +0.084). `validity_only` there (seed 0 so far) fires the alarm and stops after it3 at 0.252, "
-        "under it0; the rule ends above it by s0 [+0.246, +0.328]. The plain vote there (seed 0 so far) gains at it1 "
-        "(0.311 -> 0.498) and holds (0.488 at it6); the rule ends above it by s0 [+0.025, +0.076]. Seeds 1-2 of both "
-        "are still to run there, so neither arm clears the bar. Gold labels (seeds 0 and 1) end level with the fresh-draw rule (+0.008 "
+        "+- 0.074 (lowest low end +0.084). `validity_only` there (seeds 0-1 so far) fires the alarm and stops after it3 at 0.252 and "
+        "0.240, under it0; the rule ends above it by s0 [+0.246, +0.328], s1 [+0.297, +0.383]. The plain vote there "
+        "(seed 0 so far) gains at it1 (0.311 -> 0.498) and holds (0.488 at it6); the rule ends above it by s0 [+0.025, "
+        "+0.076]. Those controls' other seeds are still to run there, so neither arm clears the bar. Gold labels (seeds 0 and 1) end level with the fresh-draw rule (+0.008 "
         "+- 0.014 in controls.md).", table=1),
     Study(
         "Six iterations on V3: the gated rule at the iteration its choice keeps, before its controls",
