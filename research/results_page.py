@@ -133,10 +133,10 @@ STUDIES = (
         "Under the fresh-draw settings, `random` (seeds 0-2) ends under the floor (-0.044 +- 0.033) and the rule above "
         "it at it6 on every seed (+0.135 +- 0.027, lowest low end +0.088). `format` there (seeds 0-2) learns "
         "the format at it1 and then finds 0-3 pairs an iteration; the rule ends above it at it6 on every seed, +0.165 "
-        "+- 0.074 (lowest low end +0.084). `validity_only` there (seeds 0-1 so far) fires the alarm and stops after it3 at 0.252 and "
-        "0.240, under it0; the rule ends above it by s0 [+0.246, +0.328], s1 [+0.297, +0.383]. The plain vote there "
+        "+- 0.074 (lowest low end +0.084). `validity_only` there (seeds 0-2) stops after it3 at 0.252, 0.240 and 0.324; the rule ends "
+        "above it at it6 on every seed, +0.281 +- 0.061 (lowest low end +0.176). The plain vote there "
         "(seeds 0-1 so far) gains at it1 (0.498, 0.521) and then holds or slips (0.488, 0.465 at it6); the rule ends "
-        "above it by s0 [+0.025, +0.076], s1 [+0.082, +0.146]. Those controls' other seeds are still to run there, so neither arm clears the bar. Gold labels (seeds 0 and 1) end level with the fresh-draw rule (+0.008 "
+        "above it by s0 [+0.025, +0.076], s1 [+0.082, +0.146]. Its seed 2 is still to run there, so neither arm clears the bar. Gold labels (seeds 0 and 1) end level with the fresh-draw rule (+0.008 "
         "+- 0.014 in controls.md).", table=1),
     Study(
         "Six iterations on V3: the gated rule at the iteration its choice keeps, before its controls",
@@ -210,12 +210,12 @@ STUDIES = (
         "Which iteration to keep, chosen without labels",
         "python -m research.choice_check",
         "research/results/choice_check.md", (),
-        "The rule picks within one standard error of the best iteration in 147 of the 167 kept runs that gained, "
-        "and below it0 beyond noise in 2 of 270. The second is the gym ladder's `format` control: without rewrites "
+        "The rule picks within one standard error of the best iteration in 147 of the 169 kept runs that gained, "
+        "and below it0 beyond noise in 2 of 273. The second is the gym ladder's `format` control: without rewrites "
         "the rule reads base support, a guard that a falling run can pass. Six-iteration `random` at seed 2 passes "
         "it too, on the fixed problems and on fresh draws: kept it6 at 0.406 and 0.375, its best 0.447 and 0.453. So does the fresh-draw plain vote at seed 1 (it6 at 0.465, "
         "its best it1 at 0.521). Refitted with each recipe left out its recall falls to 89 "
-        "of 167; refitted without the gym recipe, it picks none of that recipe's 65 gains. The gym alone reads base "
+        "of 169; refitted without the gym recipe, it picks none of that recipe's 67 gains. The gym alone reads base "
         "support, so without it nothing fits that setting; over the other recipes, each left out in turn, it keeps "
         "89 of 102."),
     Study(
@@ -223,7 +223,7 @@ STUDIES = (
         "python -m research.choice_invalid_drop",
         "research/results/choice_invalid_drop.md", (),
         "Also taking an iteration whose invalid share fell beyond noise, its signal held, lifts held-out recall to "
-        "149 of 167, but picks below it0 rise from 2 to 7: the gym's `validity_only` loops answer validly and "
+        "149 of 169, but picks below it0 rise from 2 to 8: the gym's `validity_only` loops answer validly and "
         "wrongly. On the target the fit reads, it ties the product's rule within one standard error, so the "
         "product keeps its rule."),
     Study(
