@@ -39,6 +39,7 @@ import pandas as pd
 
 from research.alarm_check import KEPT, ROOT, history, runs as kept_runs
 from research.shortcut_choice import replay as shortcut_replay
+from runners.arms import CONTROLS, ORACLE
 from self_improve.config import ConfigError
 from self_improve.choice import PICKS, RULE, Rule, recommend, signal_of, unsupported_agreement
 from self_improve.config import StopConfig
@@ -56,6 +57,22 @@ RECIPES = (("smollm2_gym", "SmolLM2 reasoning-gym"), ("smollm2_v3", "SmolLM2 V3"
 def recipe_of(name: str) -> str:
     folder = name.split("/", 1)[0]
     return next(label for prefix, label in RECIPES if folder.startswith(prefix))
+
+
+KINDS = ("label-free arm", "control arm", "gold labels")
+
+
+def kind_of(name: str, result: dict) -> str:
+    """What a kept run trained on: a control arm (runners.arms.CONTROLS: random, format, validity_only, the
+    plain vote), gold labels (the verifier, or a variant named oracle), else a label-free arm. The judge is the
+    result's own, or a variant's `judge-<name>` (`<dir>/<variant>/s<seed>`)."""
+    variant = name.split("/")[1] if name.count("/") == 2 else ""
+    judge = result.get("judge") or (variant[len("judge-"):] if variant.startswith("judge-") else "")
+    if judge in CONTROLS:
+        return KINDS[1]
+    if judge == ORACLE or "oracle" in name:
+        return KINDS[2]
+    return KINDS[0]
 
 
 def _with_se(rows: list[dict], key: str) -> bool:
@@ -297,6 +314,16 @@ def main(argv: list[str] | None = None) -> None:
         if gained:
             lines[-1] += (f" Over the other recipes, each left out in turn, the refitted rule's recall is "
                           f"{within}/{gained} ({100 * within / gained:.0f}%), {sum(t['below'] for t in rest)} picks below it0.")
+    kind = {name: kind_of(name, result) for name, result in kept_runs()}
+    lines += ["", "## Where the misses fall", "",
+              "The product's rule on held-out by what each run trained on: a user exports a label-free arm's pick; a "
+              "control arm (random, format, validity_only, the plain vote) is run to be beaten, and gold labels to "
+              "bound the loop. Not a fit: the rule and its grid are the same for every kind.", "",
+              "| runs of | runs | recall | picks below it0 |", "|---|---|---|---|"]
+    for k in KINDS:
+        t = tally([(n, r) for n, r in runs if kind[n] == k], RULE, "accuracy")
+        rec = "n/a" if not t["gained"] else f"{t['within']}/{t['gained']} ({100 * t['recall']:.0f}%)"
+        lines.append(f"| {k} | {t['runs']} | {rec} | {t['below']} |")
     lines += ["", "## The early stop replayed", "",
               "Where `stop` (self_improve/stopping.py) would have stopped each kept run, reading the metrics known "
               "before each iteration, and the runs whose best held-out iteration came after the stop, above every "

@@ -300,3 +300,19 @@ def test_the_invalid_drop_variant_takes_an_iteration_answering_validly_more_with
            {"iteration": "it1", "lf_base_support": 0.5, "lf_base_support_gain_lo": -0.2, "lf_base_support_gain_hi": 0.01,
             "lf_invalid_share_gain_hi": -0.2, "lf_distinct": 0.4, "lf_mode_share": 0.2}]
     assert choose(gym, RULE, "every run") == "it1" and choose(gym, RULE, "agreement only") == "it0"
+
+
+def test_choice_check_tells_label_free_arms_from_controls_and_gold_labels():
+    """The misses table's kinds: a control arm by its judge (a real-model loop's result, or a tiny run's
+    `judge-<name>` variant), gold labels by the verifier or an oracle variant, anything else a label-free arm."""
+    from research.choice_check import KINDS, kind_of
+    arm, control, gold = KINDS
+    assert kind_of("smollm2_gym_long/mix128-majority_vote-s2", {"judge": "majority_vote"}) == control
+    assert kind_of("smollm2_v3_arms/format-s0", {"judge": "format"}) == control
+    assert kind_of("seeds/judge-majority_vote/s1", {}) == control
+    assert kind_of("seeds/judge-verifier/s0", {}) == gold
+    assert kind_of("bstar/sample-bstar-oracle/s2", {}) == gold
+    assert kind_of("smollm2_v3_arms/verifier-s1", {"judge": "verifier"}) == gold
+    assert kind_of("smollm2_v3_long/long1-sec-co_reward-validity_any-shortcut-s2",
+                   {"judge": "co_reward+validity_any+shortcut"}) == arm
+    assert kind_of("seeds/judge-self_certainty/s0", {}) == arm and kind_of("seeds/default/s0", {}) == arm
