@@ -1,12 +1,12 @@
 """Would a second wording of each reasoning-gym problem give the gym's label-free choice a better signal?
 
-The gym poses no rewrites, so its choice reads base support alone (self_improve/choice.py), and on kept gym
-runs that guard lets falling controls through and holds rising rules back (research/results/choice_check.md).
+The gym posed no rewrites when its runs were kept, so their choice reads base support alone
+(self_improve/choice.py), and on kept gym runs that guard lets falling controls through and holds rising rules back (research/results/choice_check.md).
 Word problems read the cross-view agreement instead. This study gives each test-time arithmetic problem of
-a finished gym loop one equivalent wording (`view`: the other of reasoning-gym's two templates, "Calculate
-a op b." and "State the final answer to the following arithmetic problem: a op b =", with the operands
-swapped where the operation commutes), answers it greedily with each iteration's kept engine, as the
-evaluate stage answers a task that has rewrites (evaluation.model_metrics: the greedy answers of both
+a finished gym loop one equivalent wording (the task's `view`, reasoning_gym.other_wording: the other of
+reasoning-gym's two templates, "Calculate a op b." and "State the final answer to the following arithmetic
+problem: a op b =", with the operands swapped where the operation commutes; evaluate answers it too since),
+answers it greedily with each iteration's kept engine, as the evaluate stage answers a task that has rewrites (evaluation.model_metrics: the greedy answers of both
 wordings, and at it0 the base model's `evaluate.support_k` samples of both), and reads the choice again
 with the agreement signals. No gold answer is read by the signals; held-out accuracy (recorded by the
 loop) only scores the picks.
@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
-from types import SimpleNamespace
 
 import pandas as pd
 
@@ -36,57 +34,19 @@ from self_improve.quality import binomial_se
 from self_improve.stage import derive_seed
 from self_improve.tasks import answer_stop, task_for
 
-CALCULATE = re.compile(r"^Calculate (?P<expr>.+)\.$")
-STATE = re.compile(r"^State the final answer to the following arithmetic problem: (?P<expr>.+) =$")
-TERM = re.compile(r"^-?\d+(\s[-+*]\s-?\d+)+$")
-
-
-def view(question: str) -> str | None:
-    """The same problem in the other template, its operands reversed where every operation is + or *
-    (a sum or product reads the same backwards); None for a question that is neither template."""
-    m = CALCULATE.match(question) or STATE.match(question)
-    if m is None or not TERM.match(m["expr"]):
-        return None
-    parts = m["expr"].split(" ")
-    ops = set(parts[1::2])
-    expr = " ".join(parts[::-1]) if ops <= {"+"} or ops <= {"*"} else m["expr"]
-    if m.re is CALCULATE:
-        return f"State the final answer to the following arithmetic problem: {expr} ="
-    return f"Calculate {expr}."
-
-
-class WithViews:
-    """A reasoning-gym task that has one equivalent wording per problem (the interface evaluation.rewritten
-    reads: `parse` and `rewrites`), everything else the task's own."""
-
-    def __init__(self, task):
-        self.task = task
-
-    def __getattr__(self, name):
-        return getattr(self.task, name)
-
-    def parse(self, prompt: str) -> str:
-        q = view(self.task.question(prompt))
-        if q is None:
-            raise ValueError(f"no view of {prompt!r}")
-        return q
-
-    def rewrites(self, problem: str, n: int, rng, forbidden: set) -> list:
-        return [SimpleNamespace(prompt=self.task.show(problem))][:n]
-
 
 def answers_with_views(workdir: Path, iteration: str, base: bool) -> pd.DataFrame:
     """The iteration's EVAL rows of the test-time problems in both wordings (and with `base`, the base
     model's samples of both), answered by its kept engine as the evaluate stage would."""
     params = load_params(workdir / "params.yaml")
-    task = WithViews(task_for(params.task))
+    task = task_for(params.task)  # its `view`: the second wording evaluate now answers
     ttt = pd.read_parquet(workdir / "data" / "task" / "ttt.parquet")
     ttt = ttt[ttt["variant"] == 0] if "variant" in ttt else ttt
     sampler = CT2Sampler(workdir / "data" / iteration / "engine", params.sample.ct2, params.security)
     rows: list = []
     model_metrics(sampler, ttt.iloc[:0], ttt, params.evaluate, derive_seed(params.seed, "evaluate"), task,
                   progress=False, answers=rows, base_samples=base,
-                  stop_at=answer_stop(task.task, params.sample.stop_at_answer))
+                  stop_at=answer_stop(task, params.sample.stop_at_answer))
     return pd.DataFrame(rows)
 
 

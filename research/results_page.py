@@ -237,8 +237,8 @@ STUDIES = (
         "The other template of each gym problem, operands swapped where they commute, gives the gym the cross-view "
         "agreement that word problems read. Over eight runs it picks within one standard error of the best "
         "iteration in 7 of 8, as base support does. It keeps the fresh-draw rule's seed 1 at its best (0.578, base "
-        "support: 0.547) and lets random's seed 0 slip to 0.420 (best 0.447). The gym task does not pose these "
-        "views yet."),
+        "support: 0.547) and lets random's seed 0 slip to 0.420 (best 0.447). Evaluate now answers these views on "
+        "every gym loop (the task's `view`), so its choice reads agreement; the gym runs kept before read base support."),
     Study(
         "Choosing past the shortcut: the agreement on answers the task does not rule out",
         "python -m research.shortcut_choice research/results/smollm2_v3_long  # and smollm2_v3_arms",

@@ -228,8 +228,13 @@ def support_samples(sampler: Sampler, df: pd.DataFrame, cfg: EvaluateConfig, see
 
 def rewritten(task: Task, ttt: pd.DataFrame, seed: int) -> pd.DataFrame:
     """One equivalent rewrite of each test-time problem, the same at every iteration (seeded by the
-    run's seed, not the iteration), its prompt_id the problem's; none for a task without rewrites
-    (files, open prompts) or a prompt it cannot parse."""
+    run's seed, not the iteration), its prompt_id the problem's: the task's own second wording where it
+    has one (`view(prompt)`, reasoning_gym's arithmetic), else a rewrite of the parsed problem; none for a
+    task without either (files, open prompts) or a prompt it cannot parse."""
+    view = getattr(task, "view", None)
+    if not ttt.empty and callable(view):
+        rows = [{**row, "prompt": other} for row in ttt.to_dict("records") if (other := view(row["prompt"]))]
+        return pd.DataFrame(rows, columns=ttt.columns)
     if ttt.empty or not hasattr(task, "rewrites") or not hasattr(task, "parse"):
         return ttt.iloc[:0]
     rng = random.Random(f"{seed}-views")

@@ -315,6 +315,8 @@ def test_a_loop_on_reasoning_gym_with_a_chat_model(tmp_path_factory, bpe_model_d
         assert m["accuracy"] == pytest.approx(held["correct"].astype(float).mean())
         assert list(held["correct"]) == [task.verify(p if isinstance(p, str) else None, a, cats[i])
                                          for p, a, i in zip(held["pred"], held["answer"], held["prompt_id"])]
+        # each test-time problem answered in its second wording too: the choice reads the cross-view agreement
+        assert (answers["set"] == "ttt_view").sum() == 8 and 0 <= m["lf_supported_agreement"] <= m["lf_agreement"] <= 1
 
 
 @pytest.mark.unit
@@ -345,11 +347,12 @@ def test_fresh_draws_every_iteration_are_a_recipe():
     assert set(fresh["prompt"]) != set(it2.loc[it2["source"] == "fresh", "prompt"])
 
 
-def test_a_second_wording_of_each_arithmetic_problem_for_the_views_study():
-    """research/gym_views.py: the other template, operands reversed where the operation commutes, read by
-    the evaluate stage's rewrites (evaluation.rewritten) exactly as a task with rewrites is read."""
-    from research.gym_views import WithViews, view
+def test_each_gym_arithmetic_problem_has_a_second_wording_that_evaluate_answers():
+    """The task's second wording of a test-time problem: the other template, operands reversed where the
+    operation commutes, answered by the evaluate stage beside the first (evaluation.rewritten) as a task
+    with rewrites is."""
     from self_improve.evaluation import rewritten
+    from self_improve.tasks.reasoning_gym import other_wording as view
 
     assert view("Calculate 4 * 7.") == "State the final answer to the following arithmetic problem: 7 * 4 ="
     assert view("State the final answer to the following arithmetic problem: 87 - 80 =") == "Calculate 87 - 80."
@@ -358,9 +361,12 @@ def test_a_second_wording_of_each_arithmetic_problem_for_the_views_study():
     assert view("What is 3 + 4?") is None
     task = _task(datasets=DATASETS[:2])  # chain_sum: every question one expression
     ttt = task.sets(0, 10).ttt
-    views = rewritten(WithViews(task), ttt, 0)
+    views = rewritten(task, ttt, 0)
     assert list(views["prompt_id"]) == list(ttt["prompt_id"]) and not set(views["prompt"]) & set(ttt["prompt"])
     for posed, other in zip(ttt["prompt"], views["prompt"]):
         assert other.endswith("\nAnswer with the final number only.")
         assert sorted(re.findall(r"\d+", posed)) == sorted(re.findall(r"\d+", other))  # the same numbers
         assert task.question(posed).startswith("Calculate") != task.question(other).startswith("Calculate")
+    mixed = _task(datasets=DATASETS).sets(0, 10).ttt  # gsm_symbolic's word problems have no second wording
+    words = mixed["category"].str.startswith("gsm_symbolic")
+    assert words.any() and set(rewritten(_task(datasets=DATASETS), mixed, 0)["prompt_id"]) == set(mixed["prompt_id"][~words])

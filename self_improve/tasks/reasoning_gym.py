@@ -23,6 +23,11 @@ as the test-time set and `evolve.fresh` together) over the categories, a categor
 problems first and fresh draws from its entry for the rest, so the curriculum moves the mix between
 levels and operations. Fresh draws come from each entry's own stream seeded by the iteration, never a
 held-out or test-time question.
+
+The label-free choice reads each test-time arithmetic problem in a second wording (`view`: reasoning-gym's
+other template, the terms reversed where the operation commutes), so a gym loop records the cross-view
+agreement the word problems do; its study over eight kept six-iteration runs picked within one s.e. of
+the best in 7 of 8, as base support did (research/results/smollm2_gym_long/views/views.md).
 """
 
 from __future__ import annotations
@@ -82,6 +87,28 @@ def category_of(label: str, metadata: dict) -> str:
     found = {OPERATIONS[o] for o in _OPERATOR.findall(f" {expression} ")}
     ops = [op for op in OPERATIONS.values() if op in found]
     return f"{label}.{'+'.join(ops)}" if ops else label
+
+
+# reasoning-gym's two templates of an arithmetic question (basic_arithmetic and chain_sum)
+_CALCULATE = re.compile(r"^Calculate (?P<expr>.+)\.$")
+_STATE = re.compile(r"^State the final answer to the following arithmetic problem: (?P<expr>.+) =$")
+_TERMS = re.compile(r"^-?\d+(\s[-+*/]\s-?\d+)+$")
+
+
+def other_wording(question: str) -> str | None:
+    """The same arithmetic problem in reasoning-gym's other template, its terms reversed where every operation
+    is + or every one is * (a sum or product reads the same backwards): "Calculate 4 * 7." -> "State the final
+    answer to the following arithmetic problem: 7 * 4 =". None for a question in neither template or not one
+    flat expression (parentheses, words)."""
+    m = _CALCULATE.match(question) or _STATE.match(question)
+    if m is None or not _TERMS.match(m["expr"]):
+        return None
+    parts = m["expr"].split(" ")
+    ops = set(parts[1::2])
+    expr = " ".join(parts[::-1]) if ops <= {"+"} or ops <= {"*"} else m["expr"]
+    if m.re is _CALCULATE:
+        return f"State the final answer to the following arithmetic problem: {expr} ="
+    return f"Calculate {expr}."
 
 
 def known_fault(name: str, dataset: Any) -> str | None:
@@ -149,6 +176,13 @@ class ReasoningGymTask(FileTask):
         tagged = _ANSWER_TAG.search(response)
         ends = [e for e in (tagged.end() if tagged else None, super().answer_end(response)) if e is not None]
         return min(ends) if ends else None
+
+    def view(self, prompt: str) -> str | None:
+        """The test-time problem's second wording, which evaluate answers beside the first for the label-free
+        choice's cross-view agreement (evaluation.rewritten): `other_wording` of its question, shown as the
+        task shows its questions; None where there is none (the choice then reads base support alone)."""
+        other = other_wording(self.question(prompt))
+        return None if other is None else self.show(other)
 
     def inverse(self, prompt: str, answer: str | None) -> list[tuple[str, str]]:
         """An arithmetic question asked backwards with `answer` proposed (tasks/inverse.py), shown as
