@@ -180,7 +180,8 @@ class ReasoningGymTask(FileTask):
     def view(self, prompt: str) -> str | None:
         """The test-time problem's second wording, which evaluate answers beside the first for the label-free
         choice's cross-view agreement (evaluation.rewritten): `other_wording` of its question, shown as the
-        task shows its questions; None where there is none (the choice then reads base support alone)."""
+        task shows its questions; None where there is none: that problem adds nothing to the agreement, and a
+        mix with no such problem reads base support alone."""
         other = other_wording(self.question(prompt))
         return None if other is None else self.show(other)
 
