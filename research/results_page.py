@@ -243,7 +243,10 @@ STUDIES = (
         "agreement that word problems read. Over eight runs it picks within one standard error of the best "
         "iteration in 7 of 8, as base support does. It keeps the fresh-draw rule's seed 1 at its best (0.578, base "
         "support: 0.547) and lets random's seed 0 slip to 0.420 (best 0.447). Evaluate now answers these views on "
-        "every gym loop (the task's `view`), so its choice reads agreement; the gym runs kept before read base support."),
+        "every gym loop (the task's `view`), so its choice reads agreement; the gym runs kept before read base support. "
+        "A whole loop on that code (the fresh-draw rule, seed 1, views/live/) repeats the study's signals at it0-it5. "
+        "There the stop no longer fires after it5, it6 trains on 10 pairs (0.586), and the choice keeps it6, where "
+        "base support kept it2 (0.547)."),
     Study(
         "Choosing past the shortcut: the agreement on answers the task does not rule out",
         "python -m research.shortcut_choice research/results/smollm2_v3_long  # and smollm2_v3_arms",
