@@ -215,22 +215,22 @@ STUDIES = (
         "Which iteration to keep, chosen without labels",
         "python -m research.choice_check",
         "research/results/choice_check.md", (),
-        "The rule picks within one standard error of the best iteration in 149 of the 171 kept runs that gained, "
-        "and below it0 beyond noise in 2 of 275. The second is the gym ladder's `format` control: without rewrites "
+        "The rule picks within one standard error of the best iteration in 149 of the 172 kept runs that gained, "
+        "and below it0 beyond noise in 2 of 276. The second is the gym ladder's `format` control: without rewrites "
         "the rule reads base support, a guard that a falling run can pass. Six-iteration `random` at seed 2 passes "
         "it too, on the fixed problems and on fresh draws: kept it6 at 0.406 and 0.375, its best 0.447 and 0.453. So does the fresh-draw plain vote at seed 1 (it6 at 0.465, "
         "its best it1 at 0.521). Refitted with each recipe left out its recall falls to 90 "
-        "of 171; refitted without the gym recipe, it picks none of that recipe's 68 gains. The gym alone reads base "
+        "of 172; refitted without the gym recipe, it picks none of that recipe's 69 gains. The gym alone reads base "
         "support, so without it nothing fits that setting; over the other recipes, each left out in turn, it keeps "
         "90 of 103. By what each run trained on, it keeps 101 of 110 label-free arms' gains (1 pick below it0), 27 of "
-        "29 under gold labels and 21 of 32 controls' (1 below). Five of those 11 misses are V3's `format` and "
+        "30 under gold labels and 21 of 32 controls' (1 below). Five of those 11 misses are V3's `format` and "
         "`validity_only` runs, which learned the answer format while their agreement stayed flat."),
     Study(
         "An invalid-share drop as a second way into the choice",
         "python -m research.choice_invalid_drop",
         "research/results/choice_invalid_drop.md", (),
         "Also taking an iteration whose invalid share fell beyond noise, its signal held, lifts held-out recall to "
-        "151 of 171, but picks below it0 rise from 2 to 8: the gym's `validity_only` loops answer validly and "
+        "151 of 172, but picks below it0 rise from 2 to 8: the gym's `validity_only` loops answer validly and "
         "wrongly. On the target the fit reads, it ties the product's rule within one standard error, so the "
         "product keeps its rule."),
     Study(
