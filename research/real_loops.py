@@ -45,7 +45,8 @@ def judge_overrides(judge: str) -> list[str]:
 
 
 def run_one(judge: str, seed: int, force: bool, recipe_name: str | list[str] = "smollm2-v3", *, out: Path,
-            sets: list[str] = (), tag: str = "", plain: Path | None = None, threads: int | None = None) -> Path | None:
+            sets: list[str] = (), tag: str = "", plain: Path | None = None, threads: int | None = None,
+            cache: Path | None = None) -> Path | None:
     """One (judge, seed): a DVC experiment, or with `plain` the same stages without DVC (runners/plain.py)
     in `plain`/<name>. `sets`: more `key=value` overrides after the judge's; `tag` prefixes the name."""
     OUT = out
@@ -56,7 +57,7 @@ def run_one(judge: str, seed: int, force: bool, recipe_name: str | list[str] = "
     extra = {"judge": judge, "seed": seed} | ({"tag": tag} if tag else {})
     if plain is not None:
         return run_plain(name, args, OUT / f"{stem}.json", workdir=plain, force=force, extra=extra,
-                         timings=timings, report_dir=OUT / stem, threads=threads)
+                         timings=timings, report_dir=OUT / stem, threads=threads, cache=cache)
     return run_experiment(name, args, OUT / f"{stem}.json", force=force, extra=extra,
                           timings=timings, report_dir=OUT / stem)
 
@@ -75,12 +76,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--plain", type=Path, default=None, metavar="DIR",
                     help="run the stages without DVC, each loop in DIR/<name> (runners/plain.py): a machine without DVC")
     ap.add_argument("--jobs", type=int, default=1, help="with --plain: loops at once (one process each)")
+    ap.add_argument("--run-cache", type=Path, default=None, metavar="DIR",
+                    help="with --plain: restore stages run before on the same inputs from DIR (an arm's controls "
+                         "at one seed share its base stages) and store each stage run there (runners/run_cache.py)")
     ap.add_argument("--force", action="store_true", help="run again even if a result exists")
     ap.add_argument("--table", action="store_true", help="only rebuild the table")
     args = ap.parse_args(argv)
     out = args.out.resolve()
     if args.jobs < 1 or (args.jobs > 1 and args.plain is None):
         ap.error("--jobs: a positive number, above 1 only with --plain (one DVC experiment at a time per workspace)")
+    if args.run_cache is not None and args.plain is None:
+        ap.error("--run-cache: only with --plain (DVC keeps its own run-cache)")
     runs, failed = [], []
     if not args.table:
         runs = [(j, s) for s in args.seeds for j in args.judges]  # a first seed of every judge before the second of any
@@ -89,7 +95,8 @@ def main(argv: list[str] | None = None) -> None:
 
         def one(run: tuple[str, int]) -> Path | None:
             kept = run_one(*run, args.force, args.recipe, out=out, sets=args.sets, tag=args.tag,
-                           plain=args.plain.resolve() if args.plain else None, threads=threads if args.plain else None)
+                           plain=args.plain.resolve() if args.plain else None, threads=threads if args.plain else None,
+                           cache=args.run_cache.resolve() if args.run_cache else None)
             with lock:
                 write_reports(out)
             return kept

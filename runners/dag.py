@@ -6,8 +6,10 @@ benchmarks agree with DVC on what runs and in which order.
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -29,17 +31,56 @@ def stage_order(repo: Path) -> list[str]:
 
 def stage_commands(repo: Path) -> list[tuple[str, list[str]]]:
     """(stage name, argv) for every stage in order, with `${key}` / `${item.prev}` / `${item.ref}` filled in."""
+    return [(s.name, s.argv) for s in stage_specs(repo)]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of dvc.yaml as it runs: its command, and what DVC reads (deps: paths; params: params.yaml
+    keys) and writes (outs, metrics and plots: paths), `${...}` filled in."""
+
+    name: str
+    argv: list[str]
+    deps: tuple[str, ...]
+    params: tuple[str, ...]
+    outs: tuple[str, ...]
+
+
+def param(params: dict, key: str):
+    """The value of a dotted params.yaml key (`judge.frozen`), None where it is absent."""
+    value = params
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def _paths(entries) -> tuple[str, ...]:
+    """dvc.yaml's list of paths, each a string or `{path: options}`."""
+    return tuple(p for e in entries or () for p in (e if isinstance(e, dict) else [e]))
+
+
+def stage_specs(repo: Path) -> list[Stage]:
+    """Every stage in order, its command, deps, params and outputs with `${key}` / `${item.prev}` /
+    `${item.ref}` and params interpolations (`${task.prompt_file}`) filled in, as DVC fills them."""
     spec = yaml.safe_load((repo / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
+    params = yaml.safe_load((repo / "params.yaml").read_text(encoding="utf-8")) or {}
     loop = _loop(repo)
     out = []
     for name in stage_order(repo):
         stage, _, it = name.partition("@")
-        if it:
-            cmd = spec[stage]["do"]["cmd"].replace("${key}", it)
-            cmd = cmd.replace("${item.prev}", loop[it]["prev"]).replace("${item.ref}", loop[it]["ref"])
-        else:
-            cmd = spec[stage]["cmd"]
-        out.append((name, shlex.split(cmd)))
+        body = spec[stage]["do"] if it else spec[stage]
+
+        def fill(text: str) -> str:
+            if it:
+                text = text.replace("${key}", it)
+                text = text.replace("${item.prev}", loop[it]["prev"]).replace("${item.ref}", loop[it]["ref"])
+            return re.sub(r"\$\{([\w.]+)\}", lambda m: str(param(params, m.group(1))), text)
+
+        outs = _paths(body.get("outs")) + _paths(body.get("metrics")) + _paths(body.get("plots"))
+        out.append(Stage(name, shlex.split(fill(body["cmd"])), tuple(fill(d) for d in _paths(body.get("deps"))),
+                         tuple(body.get("params") or ()), tuple(fill(o) for o in outs)))
     return out
 
 

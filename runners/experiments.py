@@ -221,11 +221,13 @@ def keep_result(name: str, args: list[str], dest: Path, work: Path, *, ran: str,
 
 def run_plain(name: str, args: list[str], dest: Path, *, workdir: Path, force: bool = False, root: Path = ROOT,
               extra: dict | None = None, timings: Path | None = None, report_dir: Path | None = None,
-              threads: int | None = None) -> Path | None:
+              threads: int | None = None, cache: Path | None = None) -> Path | None:
     """The same run as run_experiment without DVC (runners/plain.py): `workdir`/`name` made fresh with
     the workspace's params.yaml plus the `-S` overrides of `args`, every stage run there in one
     process, the result kept the same way and marked `runner: plain`. For a machine without DVC;
-    several may run at once (each in its own workspace, `threads` CPU threads each)."""
+    several may run at once (each in its own workspace, `threads` CPU threads each). With `cache`: stages
+    run before on the same inputs are restored from that run cache (runners/run_cache.py), and the
+    result's machine names them (`restored`)."""
     from self_improve import recipes
 
     if dest.exists() and not force:
@@ -239,12 +241,14 @@ def run_plain(name: str, args: list[str], dest: Path, *, workdir: Path, force: b
     work = plain.prepare_workspace(workdir / name, ran, root)
     print(f"+ plain {name} in {work} (log: {work / 'run.log'})", flush=True)
     t0 = time.perf_counter()
-    rc = plain.launch(work, threads=threads, env=with_timings({}, timings))
+    rc = plain.launch(work, threads=threads, env=with_timings({}, timings), cache=cache)
     wall = time.perf_counter() - t0
     if rc != 0:
         print(f"{name}: failed (exit {rc}), {work / 'run.log'} ends:\n" + plain.log_tail(work), file=sys.stderr, flush=True)
         return None
     runner = {"runner": "plain"} | json.loads((work / "device.json").read_text())
+    if (work / "run_cache.json").is_file():  # the stages it did not run: its wall time is the rest's
+        runner["restored"] = json.loads((work / "run_cache.json").read_text())["restored"]
     return keep_result(name, args, dest, work, ran=ran, base=base, wall=wall, extra=extra, report_dir=report_dir,
                        runner=runner)
 
@@ -315,9 +319,14 @@ def main(argv: list[str] | None = None) -> None:
                          "machine without DVC")
     ap.add_argument("--jobs", type=int, default=1,
                     help="with --plain: runs at once (one process each, the CPU threads split between them)")
+    ap.add_argument("--run-cache", type=Path, default=None, metavar="DIR",
+                    help="with --plain: restore stages run before on the same inputs from DIR and store each "
+                         "stage run there (runners/run_cache.py; DVC's run-cache does this for DVC runs)")
     args = ap.parse_args(argv)
     if args.jobs < 1 or (args.jobs > 1 and args.plain is None):
         ap.error("--jobs: a positive number, above 1 only with --plain (one DVC experiment at a time per workspace)")
+    if args.run_cache is not None and args.plain is None:
+        ap.error("--run-cache: only with --plain (DVC keeps its own run-cache)")
     if not args.table:
         if args.variants:
             variants = load_variants(args.variants)
@@ -339,7 +348,7 @@ def main(argv: list[str] | None = None) -> None:
             dest, extra = args.out / name / f"s{seed}.json", {"variant": name, "seed": seed, "overrides": params}
             if args.plain is not None:
                 run_plain(f"{name}-s{seed}", overrides, dest, workdir=args.plain.resolve(), force=args.force,
-                          extra=extra, threads=threads)
+                          extra=extra, threads=threads, cache=args.run_cache.resolve() if args.run_cache else None)
             else:
                 run_experiment(f"{name}-s{seed}", overrides, dest, force=args.force, extra=extra)
             with lock:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import yaml
@@ -124,3 +125,67 @@ def test_failed_plain_run_keeps_nothing(tmp_path, capsys):
     assert run_plain("bad", ["-S", "task.heldout_size=-1"], dest, workdir=tmp_path / "w", root=root) is None
     assert not dest.exists()
     assert "task.heldout_size" in capsys.readouterr().err
+
+
+@pytest.mark.unit
+def test_run_cache_keys_what_a_stage_reads_and_restores_what_it_wrote(tmp_path):
+    from runners.dag import Stage
+    from runners.run_cache import RunCache
+
+    def workspace(name: str, data: str) -> Path:
+        work = tmp_path / name
+        (work / "data" / "in").mkdir(parents=True)
+        (work / "data" / "in" / "a.txt").write_text(data)
+        return work
+
+    stage = Stage("s@it1", ["python", "-m", "stages.x"], ("data/in", "stages/__init__.py"), ("seed", "judge.method"),
+                  ("data/out/model", "data/out/m.json", "data/out/optional.json"))
+    one, two = workspace("one", "x"), workspace("two", "x")
+    c1, c2 = RunCache(tmp_path / "c", one, ROOT, {"env": {}}), RunCache(tmp_path / "c", two, ROOT, {"env": {}})
+    params = {"seed": 1, "judge": {"method": "co_reward", "mode": "a"}}
+    key = c1.key(stage, params)
+    # the same command, deps' bytes (code read from the repository) and declared params: the same key
+    assert c2.key(stage, params) == key and c2.key(stage, params | {"other": 3}) == key
+    assert c2.key(stage, {"seed": 1, "judge": {"method": "co_reward", "mode": "b"}}) == key  # undeclared key
+    assert c2.key(stage, params | {"seed": 2}) != key
+    assert RunCache(tmp_path / "c", two, ROOT, {"env": {"OMP_NUM_THREADS": "2"}}).key(stage, params) != key
+    assert c1.digest("stages/__init__.py") == c1._file(ROOT / "stages" / "__init__.py")
+    assert not c2.restore(stage, key)  # nothing stored yet
+    (one / "data" / "out" / "model").mkdir(parents=True)
+    (one / "data" / "out" / "model" / "w.bin").write_bytes(b"\0\1")
+    (one / "data" / "out" / "m.json").write_text("{}")
+    c1.store(stage, key)
+    c1.store(stage, key)  # stored once; a second store leaves it
+    (two / "data" / "out").mkdir(parents=True)
+    (two / "data" / "out" / "optional.json").write_text("stale")  # not written by the stored run: removed
+    assert c2.restore(stage, key)
+    assert (two / "data" / "out" / "model" / "w.bin").read_bytes() == b"\0\1"
+    assert (two / "data" / "out" / "m.json").read_text() == "{}"
+    assert not (two / "data" / "out" / "optional.json").exists()
+    assert not list((tmp_path / "c").glob(".tmp-*"))
+    (two / "data" / "in" / "a.txt").write_text("y")  # other bytes in a dep: another key
+    assert c2.key(stage, params) != key
+
+
+@pytest.mark.loop
+def test_run_cache_restores_the_base_stages_of_a_second_loop(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    root = fake_root(tmp_path, tiny_full())
+    base = "check_params,prepare,engine_base,evaluate_base"
+    cache = tmp_path / "cache"
+    works = [plain.prepare_workspace(tmp_path / name, (root / "params.yaml").read_text(), root) for name in ("a", "b")]
+    for work in works:
+        plain.main([str(work), "--only", base, "--cache", str(cache)])
+    assert json.loads((works[0] / "run_cache.json").read_text())["restored"] == []
+    assert json.loads((works[1] / "run_cache.json").read_text())["restored"] == base.split(",")
+    for rel in ("data/it0/eval.parquet", "data/it0/history.json", "reports/iterations/it0/metrics.json"):
+        assert (works[1] / rel).read_bytes() == (works[0] / rel).read_bytes(), rel
+    # another evaluate setting: the base model and its engine come back, the evaluation runs again (and the
+    # check of the whole params file, a dep of its own)
+    raw = tiny_full()
+    raw["evaluate"]["batch_size"] = 128
+    third = plain.prepare_workspace(tmp_path / "c", yaml.safe_dump(raw, sort_keys=False), root)
+    plain.main([str(third), "--only", base, "--cache", str(cache)])
+    assert json.loads((third / "run_cache.json").read_text())["restored"] == ["prepare", "engine_base"]
+    with pytest.raises(SystemExit, match="usage"):
+        plain.main([str(third), "--cache", str(cache), "--cache", str(cache)])
