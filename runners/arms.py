@@ -39,9 +39,17 @@ BAR_SEEDS = 3
 ALL = "(all)"
 
 
+SAME_LOOP = "same_loop.yaml"  # seeds an arm reads from a run kept under another name (`load`)
+
+
 def load(out: Path) -> dict[str, list[dict]]:
-    """Kept results by arm, seeds in order, each with its answers file where one was kept."""
+    """Kept results by arm, seeds in order, each with its answers file where one was kept.
+
+    `out`/same_loop.yaml may name, per arm and seed, a run kept under another name that is that arm's loop
+    under its settings of today (`{arm: {seed: {run: <result file stem>, why: ...}}}`: a seed cut by an
+    older stop, carried on under another tag): the arm reads that run there instead (`read_for`: why)."""
     groups: dict[str, list[dict]] = {}
+    stems: dict[str, dict] = {}
     for f in sorted(out.glob("*.json")) + sorted(out.glob("*/s*.json")):
         r = json.loads(f.read_text())
         name = r.get("variant") or (f"{r['tag']}-{r['judge']}" if r.get("tag") else r.get("judge")) or f.parent.name
@@ -49,6 +57,18 @@ def load(out: Path) -> dict[str, list[dict]]:
             if answers.is_file():
                 r["answers_path"] = answers
         groups.setdefault(name, []).append(r)
+        stems[f.relative_to(out).with_suffix("").as_posix()] = r
+    same = out / SAME_LOOP
+    for arm, seeds in ((yaml.safe_load(same.read_text()) or {}) if same.is_file() else {}).items():
+        for seed, entry in (seeds or {}).items():
+            run = stems.get(str((entry or {}).get("run")))
+            if arm not in groups or run is None or not (entry or {}).get("why"):
+                raise SystemExit(f"{same}: {arm} seed {seed}: needs a kept arm, `run` (a result file's stem in "
+                                 f"{out}) and `why`; got {entry!r}")
+            if run["seed"] != int(seed):
+                raise SystemExit(f"{same}: {arm} seed {seed}: {entry['run']} is seed {run['seed']}")
+            read = dict(run, read_for=f"s{seed} reads {entry['run']}: {' '.join(str(entry['why']).split())}")
+            groups[arm] = [r for r in groups[arm] if r["seed"] != int(seed)] + [read]
     return {k: sorted(v, key=lambda r: r["seed"]) for k, v in sorted(groups.items())}
 
 
@@ -285,7 +305,8 @@ def write(out: Path) -> None:
         "under the arm's task and evolve settings (its curriculum and fresh draws; controls.md marks a control under "
         "other settings, never read toward the bar). The oracle's row "
         "(gold labels) says how far the loop reaches with right labels.\n\n"
-        "## At the last iteration\n\n" + bar_table(groups) + "\n"
+        + "".join(f"{arm}, {r['read_for']}\n\n" for arm, runs in groups.items() for r in runs if r.get("read_for"))
+        + "## At the last iteration\n\n" + bar_table(groups) + "\n"
         "## At the iteration the label-free choice keeps\n\n"
         "Per seed, the iteration the product's choice (self_improve/choice.py) recommends from the run's label-free "
         "signals, the one a user exports; the controls at that same iteration. A seed kept at it0 gained nothing.\n\n"

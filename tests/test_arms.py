@@ -179,3 +179,22 @@ def test_the_bar_reads_controls_on_the_arms_own_problems(tmp_path):
     assert bar["mix-rule"][6:] == ["none", "none", "yes"] and "(mix-" in bar["mix-rule"][5]
     controls = (tmp_path / "controls.md").read_text()
     assert "| mix-rule | mix-random | 3 |" in controls and "(other settings) |" not in controls
+
+
+def test_a_seed_is_read_from_the_run_that_is_its_loop_today(tmp_path):
+    _kept(tmp_path, "rule", 0, it0=0.2, it3=0.5, floor=0.3, correct3=[1, 1, 1, 1, 0, 0, 0, 0])
+    _kept(tmp_path, "rule", 1, it0=0.2, it3=0.2, floor=0.3, correct3=[0] * 8)  # cut short by an older stop
+    _kept(tmp_path, "nostop", 1, it0=0.2, it3=0.5, floor=0.3, correct3=[1, 1, 1, 1, 0, 0, 0, 0])  # carried on
+    assert arms.load(tmp_path)["rule"][1]["metrics"]["it3"]["accuracy"] == 0.2
+    (tmp_path / arms.SAME_LOOP).write_text("rule:\n  1:\n    run: nostop-s1\n    why: >-\n      cut by an\n      older stop\n")
+    groups = arms.load(tmp_path)
+    assert [r["seed"] for r in groups["rule"]] == [0, 1] and groups["rule"][1]["metrics"]["it3"]["accuracy"] == 0.5
+    assert groups["rule"][1]["read_for"] == "s1 reads nostop-s1: cut by an older stop"
+    assert "read_for" not in groups["nostop"][0]  # its own arm reads it as it is
+    arms.write(tmp_path)
+    assert "rule, s1 reads nostop-s1: cut by an older stop" in (tmp_path / "bar.md").read_text()
+    for bad in ("rule:\n  1:\n    run: nosuch-s1\n    why: x\n", "rule:\n  0:\n    run: nostop-s1\n    why: x\n",
+                "rule:\n  1:\n    run: nostop-s1\n", "other:\n  1:\n    run: nostop-s1\n    why: x\n"):
+        (tmp_path / arms.SAME_LOOP).write_text(bad)
+        with pytest.raises(SystemExit, match=arms.SAME_LOOP):
+            arms.load(tmp_path)
