@@ -220,14 +220,14 @@ STUDIES = (
         "Which iteration to keep, chosen without labels",
         "python -m research.choice_check",
         "research/results/choice_check.md", (),
-        "The rule picks within one standard error of the best iteration in 150 of the 173 kept runs that gained, "
-        "and below it0 beyond noise in 2 of 278. The second is the gym ladder's `format` control: without rewrites "
+        "The rule picks within one standard error of the best iteration in 150 of the 174 kept runs that gained, "
+        "and below it0 beyond noise in 2 of 280. The second is the gym ladder's `format` control: without rewrites "
         "the rule reads base support, a guard that a falling run can pass. Six-iteration `random` at seed 2 passes "
         "it too, on the fixed problems and on fresh draws: kept it6 at 0.406 and 0.375, its best 0.447 and 0.453. So does the fresh-draw plain vote at seed 1 (it6 at 0.465, "
         "its best it1 at 0.521). Refitted with each recipe left out its recall falls to 91 "
-        "of 173; refitted without the gym recipe, it picks none of that recipe's 69 gains. The gym alone reads base "
+        "of 174; refitted without the gym recipe, it picks none of that recipe's 70 gains. The gym alone reads base "
         "support, so without it nothing fits that setting; over the other recipes, each left out in turn, it keeps "
-        "91 of 104. By what each run trained on, it keeps 102 of 111 label-free arms' gains (1 pick below it0), 27 of "
+        "91 of 104. By what each run trained on, it keeps 102 of 112 label-free arms' gains (1 pick below it0), 27 of "
         "30 under gold labels and 21 of 32 controls' (1 below). Five of those 11 misses are V3's `format` and "
         "`validity_only` runs, which learned the answer format while their agreement stayed flat."),
     Study(
@@ -235,7 +235,7 @@ STUDIES = (
         "python -m research.choice_invalid_drop",
         "research/results/choice_invalid_drop.md", (),
         "Also taking an iteration whose invalid share fell beyond noise, its signal held, lifts held-out recall to "
-        "152 of 173, but picks below it0 rise from 2 to 8: the gym's `validity_only` loops answer validly and "
+        "152 of 174, but picks below it0 rise from 2 to 8: the gym's `validity_only` loops answer validly and "
         "wrongly. On the target the fit reads, it ties the product's rule within one standard error, so the "
         "product keeps its rule."),
     Study(
