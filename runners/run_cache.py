@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import shutil
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -117,7 +118,8 @@ class RunCache:
         return True
 
     def store(self, stage: Stage, key: str) -> None:
-        """The stage's outputs just written, kept under `key` (once: a key stored already is left as it is)."""
+        """The stage's outputs just written, kept under `key` (once: a key stored already is left as it is).
+        A store that fails (a full disk) is said on stderr and leaves no entry: the run goes on without it."""
         entry = self._entry(key)
         if entry.exists():
             return
@@ -130,9 +132,9 @@ class RunCache:
                                                  "stored": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=1) + "\n")
             entry.parent.mkdir(parents=True, exist_ok=True)
             os.rename(tmp, entry)  # whole or not at all; a run beside this one may have stored it first
-        except OSError:
+        except OSError as err:
             if not entry.exists():
-                raise
+                print(f"run cache: {stage.name} not stored in {self.root}: {err}", file=sys.stderr, flush=True)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 

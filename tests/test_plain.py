@@ -128,7 +128,7 @@ def test_failed_plain_run_keeps_nothing(tmp_path, capsys):
 
 
 @pytest.mark.unit
-def test_run_cache_keys_what_a_stage_reads_and_restores_what_it_wrote(tmp_path):
+def test_run_cache_keys_what_a_stage_reads_and_restores_what_it_wrote(tmp_path, capsys):
     from runners.dag import Stage
     from runners.run_cache import RunCache
 
@@ -165,6 +165,11 @@ def test_run_cache_keys_what_a_stage_reads_and_restores_what_it_wrote(tmp_path):
     assert not list((tmp_path / "c").glob(".tmp-*"))
     (two / "data" / "in" / "a.txt").write_text("y")  # other bytes in a dep: another key
     assert c2.key(stage, params) != key
+    # a store that cannot be written (here its folder is a file) is said, and the run goes on
+    (tmp_path / "not-a-folder").write_text("")
+    broken = RunCache(tmp_path / "not-a-folder", one, ROOT, {"env": {}})
+    broken.store(stage, key)
+    assert "run cache: s@it1 not stored in" in capsys.readouterr().err and not broken.restore(stage, key)
 
 
 @pytest.mark.loop
