@@ -32,7 +32,7 @@ import argparse
 import itertools
 import json
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pandas as pd
@@ -41,7 +41,7 @@ from research.alarm_check import KEPT, ROOT, history, runs as kept_runs
 from research.shortcut_choice import replay as shortcut_replay
 from runners.arms import CONTROLS, ORACLE
 from self_improve.config import ConfigError
-from self_improve.choice import PICKS, RULE, Rule, recommend, signal_of, unsupported_agreement
+from self_improve.choice import PICKS, RESTATE_VETOES, RULE, Rule, recommend, signal_of, unsupported_agreement
 from self_improve.config import StopConfig
 from self_improve.stopping import decide
 
@@ -123,8 +123,8 @@ def tally(runs: list[tuple[str, list[dict]]], rule: Rule, key: str, choose=None)
 
 
 def grid() -> list[Rule]:
-    return [Rule(a, s, p, v, c) for a, s, p, v, c in
-            itertools.product(AGREEMENT_GAINS, SUPPORT_GAINS, PICKS, (True, False), (False, True))]
+    return [Rule(a, s, p, v, c, r) for a, s, p, v, c, r in
+            itertools.product(AGREEMENT_GAINS, SUPPORT_GAINS, PICKS, (True, False), (False, True), RESTATE_VETOES)]
 
 
 def fit(runs: list[tuple[str, list[dict]]], max_below: int) -> tuple[Rule, dict]:
@@ -234,7 +234,43 @@ def _rule_words(rule: Rule) -> str:
     sup = "none (it0)" if rule.min_support_gain is None else f"{rule.min_support_gain:+.2f}"
     return (f"minimum agreement gain {rule.min_agreement_gain:+.2f}, minimum base-support gain without rewrites "
             f"{sup}, pick {rule.pick}, invalid-share veto {'on' if rule.invalid_veto else 'off'}, clean agreement "
-            f"{'on' if rule.shortcut else 'off'}")
+            f"{'on' if rule.shortcut else 'off'}, restatement veto {RESTATE_WORDS[rule.restate_veto]}")
+
+
+RESTATE_WORDS = {"rise": "on any rise", "over_signal": "where it outpaced the signal"}
+
+
+def restate_scope(runs: list[tuple[str, list[dict]]], fitted: Rule) -> list[str]:
+    """The product's rule with each form of the restatement veto (`Rule.restate_veto`) on the target and on
+    held-out, the form the fit (`fitted`) took, and the runs whose held-out verdict moves: markdown lines."""
+    lines = ["", "## The restatement veto's scope", "",
+             "A rise beyond noise in the answers that restate a number of the question vetoes an iteration "
+             "(`Rule.restate_veto` rise). Right answers restate too where a step gives back an operand (8 - 4 = 4), "
+             "so a skill gained raises them; a policy drifting onto restatements raises them faster than its "
+             "agreement. The second form vetoes only a rise at least as large as the signal's own gain. Scored as "
+             "above; the fit sees the target only and takes the first form within one s.e. of the best.", "",
+             "| restatement veto | recall on the target | picks below it0 on the target | recall on held-out | "
+             "picks below it0 on held-out |", "|---|---|---|---|---|"]
+    forms = {form: replace(RULE, restate_veto=form) for form in RESTATE_VETOES}
+    heldout = {}
+    for form, rule in forms.items():
+        t, h = tally(runs, rule, "ttt_accuracy"), tally(runs, rule, "accuracy")
+        heldout[form] = h
+        lines.append(f"| {RESTATE_WORDS[form]}{' (the product)' if rule == RULE else ''} | {t['within']}/{t['gained']} | "
+                     f"{t['below']}/{t['runs']} | {h['within']}/{h['gained']} | {h['below']}/{h['runs']} |")
+    lines += ["", f"The fit over the whole grid takes the form {RESTATE_WORDS[fitted.restate_veto]} (the product's: "
+              f"{RESTATE_WORDS[RULE.restate_veto]})."]
+    base = heldout[RULE.restate_veto]
+    for form, h in heldout.items():
+        if form == RULE.restate_veto:
+            continue
+        now = sorted(set(base["missed"]) - set(h["missed"]))
+        lost = sorted(set(h["missed"]) - set(base["missed"]))
+        below = sorted(set(h["below_runs"]) - set(base["below_runs"]))
+        lines += ["", f"On held-out, {RESTATE_WORDS[form]} against the product's: now picked within one s.e.: "
+                  f"{', '.join(now) or 'none'}; no longer: {', '.join(lost) or 'none'}; "
+                  f"newly below it0 beyond noise: {', '.join(below) or 'none'}."]
+    return lines
 
 
 def _counts(t: dict) -> str:
@@ -324,6 +360,7 @@ def main(argv: list[str] | None = None) -> None:
         t = tally([(n, r) for n, r in runs if kind[n] == k], RULE, "accuracy")
         rec = "n/a" if not t["gained"] else f"{t['within']}/{t['gained']} ({100 * t['recall']:.0f}%)"
         lines.append(f"| {k} | {t['runs']} | {rec} | {t['below']} |")
+    lines += restate_scope(runs, fitted)
     lines += ["", "## The early stop replayed", "",
               "Where `stop` (self_improve/stopping.py) would have stopped each kept run, reading the metrics known "
               "before each iteration, and the runs whose best held-out iteration came after the stop, above every "

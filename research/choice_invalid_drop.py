@@ -42,7 +42,7 @@ def choose(rows: list[dict], rule: Rule, scope: str) -> str:
     picked = []
     for row in rows[1:]:
         cand = rec["rows"].get(row["iteration"], {}).get("candidate", False)
-        if not cand and not vetoes(row, base, rule.invalid_veto):
+        if not cand and not vetoes(row, base, rule.invalid_veto, rule.restate_veto, key):
             fell, held = row.get("lf_invalid_share_gain_hi"), row.get(f"{key}_gain_hi")
             cand = fell is not None and fell < 0 and held is not None and held >= 0
         if cand:

@@ -239,6 +239,15 @@ STUDIES = (
         "wrongly. On the target the fit reads, it ties the product's rule within one standard error, so the "
         "product keeps its rule."),
     Study(
+        "The restatement veto's scope",
+        "python -m research.choice_check",
+        "research/results/choice_check.md", (),
+        "Letting a rise in restated answers pass where the agreement rose by more lifts held-out recall to 153 of "
+        "174, with no new pick below it0. The three runs it gains are the gym ladder's four-level runs under gold "
+        "and under the label-free rule, whose right answers often restate an operand, and V3's `format` at seed 0. "
+        "On the target the two forms "
+        "tie, so the fit and the product keep the veto on any rise.", table=3),
+    Study(
         "A second wording of each gym problem for the choice (eight six-iteration runs)",
         "python -m research.gym_views /tmp/loops75/smol-long-nft1-mix128-scpo-validity_any-category_gate-s0 --finished "
         "research/results/smollm2_gym_long/long-nft1-mix128-scpo-validity_any-category_gate-s0.json --out "

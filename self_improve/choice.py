@@ -50,7 +50,8 @@ agreement read is the supported agreement where the base support was recorded (w
 the clean agreement where the task rules answers out), the plain one on results kept before it was. A task without rewrites has no agreement: there itN is a candidate when
 its base support's gain has its low end above `Rule.min_support_gain` (None: no candidate, it0). The
 vetoes: the invalid share rose beyond noise (`Rule.invalid_veto`), the answers restating the
-question's numbers rose beyond noise, the distinct answers fell under half of it0's, the commonest
+question's numbers rose beyond noise (with `Rule.restate_veto` "over_signal", only by at least the
+signal's own gain), the distinct answers fell under half of it0's, the commonest
 answer's share more than doubled beyond noise, the base support fell under half of it0's beyond
 noise, or the frozen judge's P(Yes) fell beyond noise. An iteration whose agreement fell cannot pass,
 so neither can one whose self-reward rose while its scores fell. Of the candidates the rule takes the
@@ -80,6 +81,7 @@ SIGNALS = ("lf_agreement", "lf_supported_agreement", "lf_invalid_share", "lf_res
 MODE_FACTOR = 2.0  # the commonest answer's share may not grow beyond this factor (and beyond noise)
 SUPPORT_FACTOR = 2.0  # the base support may not fall under it0's divided by this (and beyond noise)
 PICKS = ("near_best", "latest", "highest")  # the grid's order: a tie goes to the first
+RESTATE_VETOES = ("rise", "over_signal")  # cautious first
 
 
 @dataclass(frozen=True)
@@ -91,10 +93,16 @@ class Rule:
     pick: str = "highest"  # of the candidates: the latest near the highest signal, the latest, or the highest
     invalid_veto: bool = True  # the invalid share's rise beyond noise vetoes
     shortcut: bool = False  # read the clean agreement (answers the task rules out left out) where recorded
+    # when the restated share's rise beyond noise vetoes: always ("rise"), or only where it rose at least as
+    # much as the signal read ("over_signal": the restatements could make up the whole agreement gain)
+    restate_veto: str = "rise"
 
     def __post_init__(self):
         if self.pick not in PICKS:
             raise ValueError(f"choice.Rule.pick: one of {', '.join(PICKS)} (got {self.pick!r})")
+        if self.restate_veto not in RESTATE_VETOES:
+            raise ValueError(f"choice.Rule.restate_veto: one of {', '.join(RESTATE_VETOES)} "
+                             f"(got {self.restate_veto!r})")
 
 
 # fitted on the kept runs' test-time accuracy with no pick below it0 there (research/results/choice_check.md):
@@ -210,15 +218,20 @@ def unsupported_agreement(metrics: dict) -> float | None:
     return metrics["lf_agreement"] - metrics["lf_supported_agreement"]
 
 
-def vetoes(row: dict, base: dict, invalid: bool = True) -> list[str]:
+def vetoes(row: dict, base: dict, invalid: bool = True, restate: str = "rise", key: str | None = None) -> list[str]:
     """Why an iteration may not be recommended whatever its agreement (empty: none); `invalid`: the
-    invalid share's rise is one of them."""
+    invalid share's rise is one of them; `restate` (`Rule.restate_veto`): "over_signal" lets the restated
+    share's rise pass where the signal `key` rose by more (right answers that restate an operand, 8 - 4 = 4,
+    rise with the skill; a policy drifting onto restatements raises them faster than its agreement)."""
     out = []
     if invalid and (row.get("lf_invalid_share_gain_lo") or 0) > 0:
         out.append(f"invalid share up {base.get('lf_invalid_share', float('nan')):.3f} -> "
                    f"{row.get('lf_invalid_share', float('nan')):.3f} (95% low end "
                    f"{row['lf_invalid_share_gain_lo']:+.3f})")
-    if (row.get("lf_restate_share_gain_lo") or 0) > 0:
+    restated = row.get("lf_restate_share_gain")
+    outpaced = (restate == "over_signal" and key is not None and restated is not None
+                and row.get(f"{key}_gain") is not None and restated < row[f"{key}_gain"])
+    if (row.get("lf_restate_share_gain_lo") or 0) > 0 and not outpaced:
         out.append(f"answers restating the question's numbers up {base.get('lf_restate_share', float('nan')):.3f} -> "
                    f"{row.get('lf_restate_share', float('nan')):.3f} (95% low end {row['lf_restate_share_gain_lo']:+.3f})")
     if base.get("lf_distinct") and row.get("lf_distinct") is not None and row["lf_distinct"] < base["lf_distinct"] / 2:
@@ -284,7 +297,7 @@ def recommend(history: list[dict], rule: Rule = RULE) -> dict:
     for row in history[1:]:
         it = row.get("iteration")
         lo = row.get(f"{key}_gain_lo") if key else None
-        v = vetoes(row, base, rule.invalid_veto)
+        v = vetoes(row, base, rule.invalid_veto, rule.restate_veto, key)
         candidate = lo is not None and floor is not None and lo > floor and not v
         rows[it] = {"candidate": candidate, "vetoes": v, "agreement": row.get(key) if key else None,
                     "agreement_gain_lo": lo}

@@ -161,6 +161,18 @@ def test_recommend_vetoes_invalid_share_up_distinct_halved_mode_doubled_frozen_d
     assert recommend([h[0], h[1]], Rule(0.05, invalid_veto=False))["iteration"] == "it1"
 
 
+def test_the_restatement_veto_can_let_pass_a_rise_the_agreement_outpaced():
+    base = {"iteration": "it0", "lf_agreement": 0.2, "lf_distinct": 0.5, "lf_mode_share": 0.03}
+    skill = {**_row("it1", 0.42, 0.12, restate_lo=0.05), "lf_agreement_gain": 0.22, "lf_restate_share_gain": 0.19}
+    drift = {**_row("it2", 0.45, 0.15, restate_lo=0.6), "lf_agreement_gain": 0.25, "lf_restate_share_gain": 0.8}
+    assert recommend([base, skill, drift], Rule(0.02, pick="latest"))["iteration"] == "it0"  # any rise vetoes
+    scoped = recommend([base, skill, drift], Rule(0.02, pick="latest", restate_veto="over_signal"))
+    assert scoped["iteration"] == "it1"  # restatements rose less than the agreement: they cannot make up its gain
+    assert "restating the question's numbers" in scoped["rows"]["it2"]["vetoes"][0]
+    with pytest.raises(ValueError, match="restate_veto"):
+        Rule(restate_veto="never")
+
+
 def test_recommend_vetoes_base_support_halved_beyond_noise():
     base = {"iteration": "it0", "lf_agreement": 0.4, "lf_distinct": 0.5, "lf_mode_share": 0.03, "lf_base_support": 0.8}
     rec = recommend([base, _row("it1", 0.9, 0.3, support=0.3, support_hi=-0.4)], HIGHEST)
