@@ -152,11 +152,11 @@ STUDIES = (
         "over the floor (lowest paired low end +0.047). Its seed 2 is the run the old stop cut, carried on "
         "(same_loop.yaml beside bar.md). Its choice keeps it6 on every seed, where each seed is at its best so far. "
         "Addition and multiplication end above it0 beyond noise on every seed, subtraction on seeds 0 and 2 (seed 1: "
-        "+0.053, interval from -0.012). Of its controls `random` and `format` have run at seed 0, each held to the "
-        "rule's largest pair count (`-S pairs.max_pairs=115`). By it6 `random` falls from 0.143 to 0.010 and `format` "
-        "to 0.092; the rule ends +0.424 and +0.342 above them (paired low ends +0.383 and +0.299, controls.md). "
-        "`validity_only`, the plain vote and seeds 1-2 of all four are still to run (30-60 minutes a loop on two CPU "
-        "cores), so the bar is not measured there.",
+        "+0.053, interval from -0.012). Of its controls `random`, `format` and `validity_only` have run at seed 0, "
+        "each held to the rule's largest pair count (`-S pairs.max_pairs=115`). By it6 they fall from 0.143 to 0.010, "
+        "0.092 and 0.100 (`validity_only` peaked at 0.250 at it3); the rule ends +0.424, +0.342 and +0.334 above them "
+        "(paired low ends +0.383, +0.299 and +0.289, controls.md). The plain vote and seeds 1-2 of all four are still "
+        "to run (30-85 minutes a loop on two CPU cores), so the bar is not measured there.",
         table=1),
     Study(
         "Faster loops: adaptive sampling and the answer stop",
@@ -221,22 +221,22 @@ STUDIES = (
         "Which iteration to keep, chosen without labels",
         "python -m research.choice_check",
         "research/results/choice_check.md", (),
-        "The rule picks within one standard error of the best iteration in 150 of the 174 kept runs that gained, "
-        "and below it0 beyond noise in 2 of 281. The second is the gym ladder's `format` control: without rewrites "
+        "The rule picks within one standard error of the best iteration in 150 of the 175 kept runs that gained, "
+        "and below it0 beyond noise in 2 of 282. The second is the gym ladder's `format` control: without rewrites "
         "the rule reads base support, a guard that a falling run can pass. Six-iteration `random` at seed 2 passes "
         "it too, on the fixed problems and on fresh draws: kept it6 at 0.406 and 0.375, its best 0.447 and 0.453. So does the fresh-draw plain vote at seed 1 (it6 at 0.465, "
         "its best it1 at 0.521). Refitted with each recipe left out its recall falls to 91 "
-        "of 174; refitted without the gym recipe, it picks none of that recipe's 70 gains. The gym alone reads base "
+        "of 175; refitted without the gym recipe, it picks none of that recipe's 70 gains. The gym alone reads base "
         "support, so without it nothing fits that setting; over the other recipes, each left out in turn, it keeps "
-        "91 of 104. By what each run trained on, it keeps 102 of 112 label-free arms' gains (1 pick below it0), 27 of "
-        "30 under gold labels and 21 of 32 controls' (1 below). Five of those 11 misses are V3's `format` and "
-        "`validity_only` runs, which learned the answer format while their agreement stayed flat."),
+        "91 of 105. By what each run trained on, it keeps 102 of 112 label-free arms' gains (1 pick below it0), 27 of "
+        "30 under gold labels and 21 of 33 controls' (1 below). Five of those 12 misses are V3's three-iteration "
+        "`format` and `validity_only` runs, which learned the answer format while their agreement stayed flat."),
     Study(
         "An invalid-share drop as a second way into the choice",
         "python -m research.choice_invalid_drop",
         "research/results/choice_invalid_drop.md", (),
         "Also taking an iteration whose invalid share fell beyond noise, its signal held, lifts held-out recall to "
-        "152 of 174, but picks below it0 rise from 2 to 8: the gym's `validity_only` loops answer validly and "
+        "152 of 175, but picks below it0 rise from 2 to 9: the `validity_only` loops answer validly and "
         "wrongly. On the target the fit reads, it ties the product's rule within one standard error, so the "
         "product keeps its rule."),
     Study(
@@ -244,7 +244,7 @@ STUDIES = (
         "python -m research.choice_check",
         "research/results/choice_check.md", (),
         "Letting a rise in restated answers pass where the agreement rose by more lifts held-out recall to 153 of "
-        "174, with no new pick below it0. The three runs it gains are the gym ladder's four-level runs under gold "
+        "175, with no new pick below it0. The three runs it gains are the gym ladder's four-level runs under gold "
         "and under the label-free rule, whose right answers often restate an operand, and V3's `format` at seed 0. "
         "On the target the two forms "
         "tie, so the fit and the product keep the veto on any rise.", table=3),
