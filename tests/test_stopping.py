@@ -71,6 +71,27 @@ def test_a_signal_still_rising_keeps_the_loop_going():
     assert rising(guard, 2) is None and decide(guard, ON).stopped
 
 
+def test_a_rise_the_choice_vetoes_does_not_keep_the_loop_going():
+    """The plain vote on V3 (seed 0, six iterations) drifted onto answers that restate the question's
+    numbers: its supported agreement rose 0.062 -> 0.430 by it3 while held-out fell 0.143 -> 0.008,
+    and the choice vetoed every iteration. Such a rise is not one the loop goes on for: with patience 3
+    it stops after it3."""
+    three = StopConfig(enabled=True, patience=3)
+    base = BASE | {"lf_agreement": 0.078, "lf_restate_share": 0.180}
+    drift = [base] + [_it(f"it{i}", a, lo, lf_restate_share=r, lf_restate_share_gain_lo=rlo)
+                      for i, a, lo, r, rlo in ((1, 0.219, 0.062, 0.641, 0.359), (2, 0.469, 0.289, 0.977, 0.727),
+                                               (3, 0.492, 0.313, 0.984, 0.734))]
+    assert rising(drift, 3) is None
+    stop = decide(drift, three)
+    assert stop.stopped and stop.at == "it3" and "(it0) is 3 behind the latest (it3)" in stop.reason
+    # the same rise without the restatements: still rising, the loop goes on
+    clean = [base] + [_it(f"it{i}", a, -0.01) for i, a in ((1, 0.219), (2, 0.469), (3, 0.492))]
+    assert rising(clean, 3) and not decide(clean, three).stopped
+    # one clean new high among vetoed ones is enough
+    mixed = drift[:3] + [_it("it3", 0.30, -0.01)]
+    assert "0.300 at it3" in rising(mixed, 3) and not decide(mixed, three).stopped
+
+
 def test_the_summary_says_where_the_loop_went_on_while_rising():
     """A stop that was due but not taken (the signal still rising) is said in the summary, with its reason,
     beside the iteration it let run; a loop that stopped says that instead."""

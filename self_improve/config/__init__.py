@@ -88,7 +88,8 @@ class StopConfig(_Section):
                           "signal set no new high in them (stopping.rising)")
     while_rising: bool = Field(True, description="go on while the rule's agreement signal sets new highs (above "
                                "every earlier iteration's by more than the rule's minimum gain) in those iterations, "
-                               "though none passed the rule; false: stop on the recommendation alone")
+                               "at iterations no veto of the choice holds back, though none passed the rule; false: "
+                               "stop on the recommendation alone")
     on_alarm: bool = Field(False, description="also stop when the reward-hacking alarm fires (quality.py; it reads "
                            "held-out and verifier accuracy where the task has gold answers: not label-free)")
 
