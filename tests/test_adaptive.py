@@ -201,6 +201,31 @@ def test_bf16_kernels_are_reachable_only_when_the_pin_is_lifted_before_the_first
         assert out == expected, order
 
 
+_BF16_ATTENTION = """
+from self_improve.training.iteration import prepare_precision
+import torch
+prepare_precision("auto", torch.device("cpu"))
+q = torch.randn(2, 9, 300, 64, requires_grad=True)
+with torch.autocast("cpu", dtype=torch.bfloat16):
+    out = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+out.float().sum().backward()
+print(torch.backends.cpu.get_cpu_capability(), q.grad.shape[2])
+"""
+
+
+@pytest.mark.skipif(not {"amx_bf16", "avx512_bf16"} & cpu_flags(), reason="the CPU has no bfloat16 instructions")
+@pytest.mark.skipif(os.environ.get("SELF_IMPROVE_CPU_ISA", "").lower() == "native", reason="nothing pinned")
+def test_bf16_attention_trains_under_the_lifted_pin():
+    """With oneDNN lifted to the CPU's bfloat16 kernels and ATen held at AVX2, torch's flash attention
+    packed blocks for AMX with a routine ATen's AVX2 build lacks, and the train stage of a bf16 recipe
+    died at its first batch on an AMX machine; prepare_precision now sends attention to the math backend."""
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA", "SELF_IMPROVE_PINNED")}
+    out = subprocess.run([sys.executable, "-c", _BF16_ATTENTION], env=env, capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["AVX2", "300"]
+
+
 def test_training_reports_its_share_of_the_machines_matmul_rate(tok, trained):
     """train() measures tokens/s and the GEMM rate of the machine in its dtype (training/throughput.py);
     the figures go to the stage's timing record, not to train_metrics.json, which must not change on a rerun."""

@@ -110,6 +110,14 @@ def prepare_precision(setting: bool | str, device: torch.device) -> None:
     if device.type == "cpu" and setting is not False and {"amx_bf16", "avx512_bf16"} & cpu_flags():
         if allow_bf16_kernels():
             log.info("train.bf16: oneDNN may use the CPU's bfloat16 kernels in this stage (the AVX2 pin lifted)")
+            if torch.backends.cpu.get_cpu_capability() != "AVX512":
+                # ATen's kernels stay at the pin's AVX2: its flash attention then sees oneDNN's AMX and
+                # packs bfloat16 blocks with an AVX-512 routine that ATen's AVX2 build lacks ("pack_vnni2 is
+                # only supported when avx512 is supported", from 128 tokens on). The math backend holds the
+                # same attention for the stage's every pass, the recomputed ones of checkpointing included.
+                torch.backends.cuda.enable_flash_sdp(False)  # the flag is torch's one for CPU and CUDA
+                log.info("train.bf16: attention takes torch's math backend (flash attention needs ATen's "
+                         "AVX-512 kernels under a lifted oneDNN pin)")
 
 
 def _check_bf16(device: torch.device) -> None:
